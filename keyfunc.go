@@ -1,0 +1,97 @@
+package quota
+
+import (
+	"fmt"
+	"net"
+	"net/http"
+	"strings"
+)
+
+// A KeyFunc names the bucket a request draws from. Requests with the same
+// name share one bucket; the Limiter turns the name into a Redis key (see
+// WithPrefix). Return an error to refuse the request: it fails with an error
+// matching ErrInvalidKey and the error returned.
+type KeyFunc func(*http.Request) (string, error)
+
+// Host names the bucket after the request's host, lower-cased, without a
+// trailing dot and without the scheme's default port: "api.example.com",
+// "api.example.com:8443". It is the Transport's default KeyFunc.
+func Host(req *http.Request) (string, error) {
+	host := req.Host
+	if host == "" && req.URL != nil {
+		host = req.URL.Host
+	}
+	host = strings.ToLower(host)
+	if h, port, err := net.SplitHostPort(host); err == nil && port == defaultPort(req) {
+		host = h
+		if strings.Contains(h, ":") {
+			host = "[" + h + "]" // IPv6 keeps its brackets
+		}
+	}
+	host = strings.TrimSuffix(host, ".")
+	if host == "" {
+		return "", fmt.Errorf("request has no host")
+	}
+	return host, nil
+}
+
+func defaultPort(req *http.Request) string {
+	if req.URL != nil && req.URL.Scheme == "http" {
+		return "80"
+	}
+	return "443"
+}
+
+// Fixed returns a KeyFunc that names the same bucket for every request, for
+// a provider that meters one account whatever host it is reached by, or a
+// region set in configuration: HostRegion(Fixed("eu")). It panics if name is
+// empty.
+func Fixed(name string) KeyFunc {
+	if name == "" {
+		panic("quota: Fixed with an empty name")
+	}
+	return func(*http.Request) (string, error) { return name, nil }
+}
+
+// Join returns a KeyFunc that joins the names fs return with "/", for a
+// provider that meters each combination separately: Join(Host, region)
+// names "api.example.com/eu". It fails if any of fs fails or returns an
+// empty name.
+func Join(fs ...KeyFunc) KeyFunc {
+	if len(fs) == 0 {
+		panic("quota: Join of no KeyFuncs")
+	}
+	return func(req *http.Request) (string, error) {
+		parts := make([]string, len(fs))
+		for i, f := range fs {
+			p, err := f(req)
+			if err != nil {
+				return "", err
+			}
+			if p == "" {
+				return "", fmt.Errorf("part %d of the key is empty", i+1)
+			}
+			parts[i] = p
+		}
+		return strings.Join(parts, "/"), nil
+	}
+}
+
+// HostRegion returns a KeyFunc for a provider that meters each region
+// separately: the request's host followed by the region, for example
+// "api.example.com/eu". The region is a fixed value (Fixed("eu")) or any
+// KeyFunc of the request, such as one reading a header.
+func HostRegion(region KeyFunc) KeyFunc { return Join(Host, region) }
+
+// Header returns a KeyFunc that reads the request's header name, for
+// example the region a request is meant for. It fails when the header is
+// absent or empty.
+func Header(name string) KeyFunc {
+	return func(req *http.Request) (string, error) {
+		v := req.Header.Get(name)
+		if v == "" {
+			return "", fmt.Errorf("request has no %s header", name)
+		}
+		return v, nil
+	}
+}

@@ -1,0 +1,141 @@
+package quota
+
+import (
+	"fmt"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"go.opentelemetry.io/otel/trace"
+)
+
+// DefaultPrefix is the prefix of every Redis key the package writes unless
+// WithPrefix says otherwise.
+const DefaultPrefix = "quota:"
+
+// DefaultMaxWait is the longest single sleep of a Wait unless WithMaxWait
+// says otherwise.
+const DefaultMaxWait = 5 * time.Second
+
+// An Option configures a Limiter or a Transport. Options that only a
+// Transport uses (WithBase, WithKey, WithLimits) are ignored by NewLimiter.
+type Option interface {
+	apply(*config)
+}
+
+type optionFunc func(*config)
+
+func (f optionFunc) apply(c *config) { f(c) }
+
+type config struct {
+	// Limiter
+	prefix         string
+	maxWait        time.Duration
+	clock          func() time.Time
+	policy         Policy
+	logger         *slog.Logger
+	tracerProvider trace.TracerProvider
+
+	// Transport
+	base   http.RoundTripper
+	key    KeyFunc
+	limits map[string]Limit
+}
+
+func newConfig(opts []Option) config {
+	c := config{
+		prefix:  DefaultPrefix,
+		maxWait: DefaultMaxWait,
+		policy:  FailClosed,
+		logger:  slog.Default(),
+		base:    http.DefaultTransport,
+		key:     Host,
+	}
+	for _, o := range opts {
+		o.apply(&c)
+	}
+	return c
+}
+
+// WithPrefix sets the prefix of the Redis keys, DefaultPrefix ("quota:") by
+// default. The bucket's name follows it inside a hash tag, so a bucket named
+// api.example.com lives at quota:{api.example.com}.
+func WithPrefix(prefix string) Option {
+	return optionFunc(func(c *config) { c.prefix = prefix })
+}
+
+// WithMaxWait bounds a single sleep of Wait, DefaultMaxWait (5s) by default.
+// When a wait would be longer and the context has no earlier deadline, Wait
+// takes nothing, sleeps d and asks again. It panics if d is not positive.
+func WithMaxWait(d time.Duration) Option {
+	if d <= 0 {
+		panic(fmt.Sprintf("quota: WithMaxWait(%v): the wait must be positive", d))
+	}
+	return optionFunc(func(c *config) { c.maxWait = d })
+}
+
+// WithClock makes the script use now, the callers' clock, instead of the
+// Redis server's TIME. Use it only where the server refuses TIME in scripts:
+// a caller whose clock runs ahead of the others' credits itself tokens early.
+// The bucket's state never moves backwards, so a caller whose clock lags only
+// waits longer. It panics if now is nil.
+func WithClock(now func() time.Time) Option {
+	if now == nil {
+		panic("quota: WithClock(nil)")
+	}
+	return optionFunc(func(c *config) { c.clock = now })
+}
+
+// WithPolicy sets what happens while Redis is unavailable, FailClosed by
+// default.
+func WithPolicy(p Policy) Option {
+	return optionFunc(func(c *config) { c.policy = p })
+}
+
+// WithLogger sets the logger for changes of mode, slog.Default() by default.
+// It panics if l is nil: a limiter that cannot say it has degraded must not
+// start.
+func WithLogger(l *slog.Logger) Option {
+	if l == nil {
+		panic("quota: WithLogger(nil)")
+	}
+	return optionFunc(func(c *config) { c.logger = l })
+}
+
+// WithTracerProvider sets the provider of the tracer for wait spans, the
+// global provider by default.
+func WithTracerProvider(tp trace.TracerProvider) Option {
+	return optionFunc(func(c *config) { c.tracerProvider = tp })
+}
+
+// WithBase sets the RoundTripper a Transport delegates to,
+// http.DefaultTransport by default or when rt is nil.
+func WithBase(rt http.RoundTripper) Option {
+	return optionFunc(func(c *config) {
+		if rt == nil {
+			rt = http.DefaultTransport
+		}
+		c.base = rt
+	})
+}
+
+// WithKey sets how a Transport names the bucket of a request, Host by
+// default. It panics if f is nil.
+func WithKey(f KeyFunc) Option {
+	if f == nil {
+		panic("quota: WithKey(nil)")
+	}
+	return optionFunc(func(c *config) { c.key = f })
+}
+
+// WithLimits gives the buckets named in m their own Limit; a Transport uses
+// the Limit passed to NewTransport for every other bucket. The names are
+// those the KeyFunc returns, for example "api.example.com" or
+// "api.example.com/eu". The map is copied.
+func WithLimits(m map[string]Limit) Option {
+	cp := make(map[string]Limit, len(m))
+	for k, v := range m {
+		cp[k] = v
+	}
+	return optionFunc(func(c *config) { c.limits = cp })
+}

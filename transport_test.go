@@ -1,0 +1,493 @@
+package quota
+
+import (
+	"context"
+	"errors"
+	"io"
+	"math"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+)
+
+// newMini returns a client of a fresh miniredis and a counter of the
+// commands sent through it.
+func newMini(t *testing.T) (*miniredis.Miniredis, *redis.Client, *atomic.Int64) {
+	t.Helper()
+	mr := miniredis.RunT(t)
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	t.Cleanup(func() { rdb.Close() })
+	var n atomic.Int64
+	rdb.AddHook(countHook{&n})
+	return mr, rdb, &n
+}
+
+// countHook counts the commands a client sends, pipelined or not, except
+// those that set up a connection.
+type countHook struct{ n *atomic.Int64 }
+
+func (countHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h countHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		h.count(cmd)
+		return next(ctx, cmd)
+	}
+}
+
+func (h countHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		for _, cmd := range cmds {
+			h.count(cmd)
+		}
+		return next(ctx, cmds)
+	}
+}
+
+func (h countHook) count(cmd redis.Cmder) {
+	switch cmd.Name() {
+	case "hello", "client", "auth", "select", "readonly":
+	default:
+		h.n.Add(1)
+	}
+}
+
+// bodyRecorder is a request body that records whether it was closed.
+type bodyRecorder struct {
+	io.Reader
+	closed atomic.Bool
+}
+
+func (b *bodyRecorder) Close() error { b.closed.Store(true); return nil }
+
+// roundTripFunc adapts a function to http.RoundTripper.
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+func okResponse(req *http.Request) (*http.Response, error) {
+	return &http.Response{StatusCode: 200, Body: http.NoBody, Request: req}, nil
+}
+
+func TestHost(t *testing.T) {
+	for _, tc := range []struct{ url, host, want string }{
+		{"https://API.Example.com/v1", "", "api.example.com"},
+		{"https://api.example.com:443/v1", "", "api.example.com"},
+		{"http://api.example.com:80/v1", "", "api.example.com"},
+		{"http://api.example.com:443/v1", "", "api.example.com:443"},
+		{"https://api.example.com:8443/v1", "", "api.example.com:8443"},
+		{"https://api.example.com./v1", "", "api.example.com"},
+		{"https://[::1]:443/", "", "[::1]"},
+		{"https://[::1]:8443/", "", "[::1]:8443"},
+		{"https://10.0.0.1/", "Geo.Example.com", "geo.example.com"},
+	} {
+		req := httptest.NewRequest("GET", tc.url, nil)
+		req.Host = tc.host
+		if tc.host == "" {
+			req.Host = ""
+		}
+		got, err := Host(req)
+		if err != nil || got != tc.want {
+			t.Errorf("Host(%s, Host=%q) = %q, %v; want %q", tc.url, tc.host, got, err, tc.want)
+		}
+	}
+	if _, err := Host(&http.Request{URL: &url0}); err == nil {
+		t.Error("Host of a request without a host: want an error")
+	}
+}
+
+var url0 = *httptest.NewRequest("GET", "/relative", nil).URL
+
+func TestKeyFuncs(t *testing.T) {
+	req := httptest.NewRequest("GET", "https://geo.example.com/v1", nil)
+	req.Header.Set("X-Region", "eu")
+	for _, tc := range []struct {
+		name string
+		f    KeyFunc
+		want string
+	}{
+		{"fixed", Fixed("geocoder"), "geocoder"},
+		{"host region fixed", HostRegion(Fixed("us")), "geo.example.com/us"},
+		{"host region header", HostRegion(Header("X-Region")), "geo.example.com/eu"},
+		{"join", Join(Fixed("acct"), Host, Header("X-Region")), "acct/geo.example.com/eu"},
+	} {
+		got, err := tc.f(req)
+		if err != nil || got != tc.want {
+			t.Errorf("%s: got %q, %v; want %q", tc.name, got, err, tc.want)
+		}
+	}
+	if _, err := HostRegion(Header("X-Missing"))(req); err == nil {
+		t.Error("HostRegion with a missing header: want an error")
+	}
+	empty := func(*http.Request) (string, error) { return "", nil }
+	if _, err := Join(Host, empty)(req); err == nil {
+		t.Error("Join with an empty part: want an error")
+	}
+	mustPanic(t, "Fixed(\"\")", func() { Fixed("") })
+	mustPanic(t, "Join()", func() { Join() })
+}
+
+func TestRedisKey(t *testing.T) {
+	_, rdb, _ := newMini(t)
+	l := NewLimiter(rdb)
+	if k, _ := l.redisKey("api.example.com"); k != "quota:{api.example.com}" {
+		t.Errorf("redisKey = %q", k)
+	}
+	if k, _ := NewLimiter(rdb, WithPrefix("acme:rl:")).redisKey("a"); k != "acme:rl:{a}" {
+		t.Errorf("redisKey with prefix = %q", k)
+	}
+	if _, err := l.redisKey(""); !errors.Is(err, ErrInvalidKey) {
+		t.Errorf("empty name: err = %v, want ErrInvalidKey", err)
+	}
+	long1, long2 := strings.Repeat("a", 10_000)+"1", strings.Repeat("a", 10_000)+"2"
+	k1, _ := l.redisKey(long1)
+	k2, _ := l.redisKey(long2)
+	if k1 == k2 {
+		t.Error("two long names share a key")
+	}
+	if want := len("quota:{}") + maxNameLen; len(k1) != want {
+		t.Errorf("long name: key of %d bytes, want %d", len(k1), want)
+	}
+	if k, _ := l.redisKey(long1); k != k1 {
+		t.Error("a long name's key is not stable")
+	}
+}
+
+func TestLimitResolve(t *testing.T) {
+	for _, tc := range []struct {
+		lim  Limit
+		want Limit
+	}{
+		{PerSecond(10), Limit{Rate: 10, Burst: 30}},
+		{PerMinute(300), Limit{Rate: 5, Burst: 15}},
+		{PerMinute(6), Limit{Rate: 0.1, Burst: 1}},
+		{PerHour(3600), Limit{Rate: 1, Burst: 3}},
+		{Limit{Rate: 2, Burst: 0.5}, Limit{Rate: 2, Burst: 0.5}},
+	} {
+		got, err := tc.lim.resolve()
+		if err != nil || math.Abs(got.Rate-tc.want.Rate) > 1e-12 || got.Burst != tc.want.Burst {
+			t.Errorf("%+v.resolve() = %+v, %v; want %+v", tc.lim, got, err, tc.want)
+		}
+	}
+	if s := PerSecond(5).String(); s != "5/s burst 15" {
+		t.Errorf("String() = %q", s)
+	}
+}
+
+func TestInvalidInputMakesNoRedisCall(t *testing.T) {
+	_, rdb, cmds := newMini(t)
+	l := NewLimiter(rdb)
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name string
+		key  string
+		lim  Limit
+		n    float64
+		want error
+	}{
+		{"zero rate", "k", Limit{}, 1, ErrInvalidLimit},
+		{"negative rate", "k", Limit{Rate: -1}, 1, ErrInvalidLimit},
+		{"NaN rate", "k", Limit{Rate: math.NaN()}, 1, ErrInvalidLimit},
+		{"infinite rate", "k", Limit{Rate: math.Inf(1)}, 1, ErrInvalidLimit},
+		{"huge rate", "k", Limit{Rate: math.MaxFloat64}, 1, ErrInvalidLimit},
+		{"negative burst", "k", Limit{Rate: 1, Burst: -1}, 1, ErrInvalidLimit},
+		{"NaN burst", "k", Limit{Rate: 1, Burst: math.NaN()}, 1, ErrInvalidLimit},
+		{"infinite burst", "k", Limit{Rate: 1, Burst: math.Inf(1)}, 1, ErrInvalidLimit},
+		{"zero tokens", "k", PerSecond(1), 0, ErrInvalidTokens},
+		{"negative tokens", "k", PerSecond(1), -1, ErrInvalidTokens},
+		{"NaN tokens", "k", PerSecond(1), math.NaN(), ErrInvalidTokens},
+		{"more than burst", "k", Limit{Rate: 1, Burst: 2}, 3, ErrExceedsBurst},
+		{"empty key", "", PerSecond(1), 1, ErrInvalidKey},
+	} {
+		done := make(chan error, 1)
+		go func() { done <- l.WaitN(ctx, tc.key, tc.lim, tc.n) }()
+		select {
+		case err := <-done:
+			if !errors.Is(err, tc.want) {
+				t.Errorf("%s: err = %v, want %v", tc.name, err, tc.want)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("%s: WaitN did not return", tc.name)
+		}
+	}
+	if n := cmds.Load(); n != 0 {
+		t.Errorf("invalid input sent %d Redis commands, want 0", n)
+	}
+}
+
+func TestTransportTakesOneTokenPerRequest(t *testing.T) {
+	mr, rdb, cmds := newMini(t)
+	var sent atomic.Int64
+	base := roundTripFunc(func(r *http.Request) (*http.Response, error) { sent.Add(1); return okResponse(r) })
+	tr := NewTransport(rdb, Limit{Rate: 1, Burst: 5}, WithBase(base))
+	client := &http.Client{Transport: tr}
+	for i := 0; i < 5; i++ {
+		resp, err := client.Get("https://api.example.com/v1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+	}
+	if sent.Load() != 5 {
+		t.Errorf("base saw %d requests, want 5", sent.Load())
+	}
+	// Five tokens taken from a bucket of five: the next one is a second away.
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	if err := tr.Limiter().Wait(ctx, "api.example.com", Limit{Rate: 1, Burst: 5}); !errors.Is(err, ErrWouldExceedDeadline) {
+		t.Errorf("sixth token: err = %v, want ErrWouldExceedDeadline", err)
+	}
+	_ = mr
+	if got := cmds.Load(); got != 7 { // one SCRIPT LOAD, then one EVALSHA per acquisition
+		t.Errorf("%d Redis commands for 6 acquisitions, want 7", got)
+	}
+}
+
+func TestTransportDoesNotModifyRequest(t *testing.T) {
+	_, rdb, _ := newMini(t)
+	var seen *http.Request
+	base := roundTripFunc(func(r *http.Request) (*http.Response, error) { seen = r; return okResponse(r) })
+	tr := NewTransport(rdb, PerSecond(10), WithBase(base))
+	req := httptest.NewRequest("POST", "https://api.example.com/v1?q=1", strings.NewReader("body"))
+	req.RequestURI = ""
+	req.Header.Set("X-A", "1")
+	before := req.Clone(context.Background())
+	resp, err := tr.RoundTrip(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if seen != req {
+		t.Error("base did not receive the caller's request")
+	}
+	if req.URL.String() != before.URL.String() || len(req.Header) != 1 || req.Header.Get("X-A") != "1" || req.Host != before.Host || req.Method != "POST" {
+		t.Errorf("request modified: %v %v %v", req.Method, req.URL, req.Header)
+	}
+}
+
+func TestTransportClosesBodyOnError(t *testing.T) {
+	mr, rdb, _ := newMini(t)
+	base := roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		t.Error("a refused request reached the base RoundTripper")
+		return okResponse(r)
+	})
+	failKey := func(*http.Request) (string, error) { return "", errors.New("no tenant") }
+	cancelled, cancel := context.WithCancel(context.Background())
+	cancel()
+
+	for _, tc := range []struct {
+		name string
+		tr   *Transport
+		ctx  context.Context
+		want error
+	}{
+		{"key error", NewTransport(rdb, PerSecond(1), WithBase(base), WithKey(failKey)), context.Background(), ErrInvalidKey},
+		{"invalid limit", NewTransport(rdb, Limit{Rate: -1}, WithBase(base)), context.Background(), ErrInvalidLimit},
+		{"cancelled", NewTransport(rdb, PerSecond(1), WithBase(base)), cancelled, context.Canceled},
+		{"redis down", NewTransport(redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1}), PerSecond(1), WithBase(base)), context.Background(), ErrUnavailable},
+	} {
+		body := &bodyRecorder{Reader: strings.NewReader("x")}
+		req := httptest.NewRequestWithContext(tc.ctx, "POST", "https://api.example.com/", body)
+		req.RequestURI = ""
+		_, err := tc.tr.RoundTrip(req)
+		if !errors.Is(err, tc.want) {
+			t.Errorf("%s: err = %v, want %v", tc.name, err, tc.want)
+		}
+		if !body.closed.Load() {
+			t.Errorf("%s: request body not closed", tc.name)
+		}
+	}
+	if errors.Is(func() error {
+		_, err := NewTransport(rdb, PerSecond(1), WithKey(failKey)).RoundTrip(httptest.NewRequest("GET", "/", nil))
+		return err
+	}(), ErrUnavailable) {
+		t.Error("a key error was reported as unavailable")
+	}
+	_ = mr
+}
+
+func TestTransportPerKeyLimits(t *testing.T) {
+	_, rdb, _ := newMini(t)
+	tr := NewTransport(rdb, Limit{Rate: 1, Burst: 1},
+		WithBase(roundTripFunc(okResponse)),
+		WithLimits(map[string]Limit{"fast.example.com": {Rate: 1, Burst: 10}}))
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	get := func(host string) error {
+		req, _ := http.NewRequestWithContext(ctx, "GET", "https://"+host+"/", nil)
+		_, err := tr.RoundTrip(req)
+		return err
+	}
+	for i := 0; i < 10; i++ {
+		if err := get("fast.example.com"); err != nil {
+			t.Fatalf("request %d to the burst-10 host: %v", i+1, err)
+		}
+	}
+	if err := get("slow.example.com"); err != nil {
+		t.Fatal(err)
+	}
+	if err := get("slow.example.com"); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("second request to the burst-1 host: err = %v, want a deadline error", err)
+	}
+}
+
+func TestWaitPastDeadlineTakesNothing(t *testing.T) {
+	mr, rdb, _ := newMini(t)
+	l := NewLimiter(rdb)
+	lim := Limit{Rate: 1, Burst: 1}
+	if err := l.Wait(context.Background(), "k", lim); err != nil {
+		t.Fatal(err)
+	}
+	before, _ := mr.Get("quota:{k}")
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	err := l.Wait(ctx, "k", lim)
+	if !errors.Is(err, ErrWouldExceedDeadline) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("err = %v, want ErrWouldExceedDeadline matching context.DeadlineExceeded", err)
+	}
+	if d := time.Since(start); d > 50*time.Millisecond {
+		t.Errorf("returned after %v, want at once", d)
+	}
+	if after, _ := mr.Get("quota:{k}"); after != before {
+		t.Errorf("bucket changed from %s to %s: a refused wait took tokens", before, after)
+	}
+}
+
+func TestCancelDuringWaitRefunds(t *testing.T) {
+	mr, rdb, _ := newMini(t)
+	l := NewLimiter(rdb)
+	lim := Limit{Rate: 1, Burst: 1}
+	if err := l.Wait(context.Background(), "k", lim); err != nil {
+		t.Fatal(err)
+	}
+	before, _ := mr.Get("quota:{k}")
+
+	ctx, cancel := context.WithCancel(context.Background())
+	time.AfterFunc(50*time.Millisecond, cancel)
+	start := time.Now()
+	err := l.Wait(ctx, "k", lim)
+	took := time.Since(start)
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("err = %v, want context.Canceled", err)
+	}
+	if took > 50*time.Millisecond+30*time.Millisecond {
+		t.Errorf("returned %v after the start, %v after the cancel; want a few milliseconds", took, took-50*time.Millisecond)
+	}
+	// The refund runs in the background; the bucket goes back to where it was.
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		after, _ := mr.Get("quota:{k}")
+		if after == before {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("bucket %s after the refund, want %s as before the cancelled wait", after, before)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func TestRefundKeepsLaterCallersPlaces(t *testing.T) {
+	mr, rdb, _ := newMini(t)
+	l := NewLimiter(rdb)
+	lim := Limit{Rate: 10, Burst: 1}
+	ctx := context.Background()
+	call := func(op string, arg int64) reply {
+		r, _, err := l.script.call(ctx, "quota:{k}", op, lim, 1, arg, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	call("take", 0)        // the one token
+	a := call("take", 1e6) // queued 100ms out
+	b := call("take", 1e6) // queued 200ms out, behind a
+	before, _ := mr.Get("quota:{k}")
+	call("refund", a.tat) // a gives up: b's place stays promised
+	if after, _ := mr.Get("quota:{k}"); after != before {
+		t.Errorf("refund of a take with a later one queued behind it changed the bucket from %s to %s", before, after)
+	}
+	call("refund", b.tat) // b gives up: the tail is handed back
+	if after, _ := mr.Get("quota:{k}"); after == before {
+		t.Error("refund of the last take changed nothing")
+	}
+}
+
+func TestMaxWaitAsksAgain(t *testing.T) {
+	_, rdb, cmds := newMini(t)
+	l := NewLimiter(rdb, WithMaxWait(100*time.Millisecond))
+	lim := Limit{Rate: 4, Burst: 1}
+	ctx := context.Background()
+	if err := l.WaitN(ctx, "k", lim, 1); err != nil {
+		t.Fatal(err)
+	}
+	cmds.Store(0)
+	start := time.Now()
+	// The next token accrues in 250ms, past MaxWait: the limiter sleeps
+	// 100ms twice and is granted on its third call.
+	if err := l.WaitN(ctx, "k", lim, 1); err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Since(start); d < 200*time.Millisecond || d > 600*time.Millisecond {
+		t.Errorf("waited %v, want about 250ms", d)
+	}
+	if n := cmds.Load(); n < 2 || n > 4 {
+		t.Errorf("%d Redis calls, want about 3", n)
+	}
+}
+
+func TestScriptErrorIsNotUnavailable(t *testing.T) {
+	mr, rdb, _ := newMini(t)
+	mr.HSet("quota:{k}", "tokens", "1") // a key of the wrong type under the prefix
+	err := NewLimiter(rdb).Wait(context.Background(), "k", PerSecond(1))
+	if !errors.Is(err, ErrScript) || errors.Is(err, ErrUnavailable) {
+		t.Errorf("err = %v, want ErrScript and not ErrUnavailable", err)
+	}
+}
+
+func TestNoScriptFallsBackToEval(t *testing.T) {
+	_, rdb, cmds := newMini(t)
+	l := NewLimiter(rdb)
+	ctx := context.Background()
+	if err := l.Wait(ctx, "k", PerSecond(100)); err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.ScriptFlush(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	cmds.Store(0)
+	for i := 0; i < 3; i++ {
+		if err := l.Wait(ctx, "k", PerSecond(100)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := cmds.Load(); n != 4 { // EVALSHA, EVAL, then EVALSHA twice
+		t.Errorf("%d commands for 3 waits after the script was lost, want 4", n)
+	}
+}
+
+func TestConstructorsPanicOnNil(t *testing.T) {
+	mustPanic(t, "NewLimiter(nil)", func() { NewLimiter(nil) })
+	mustPanic(t, "NewTransport(nil)", func() { NewTransport(nil, PerSecond(1)) })
+	mustPanic(t, "WithKey(nil)", func() { WithKey(nil) })
+	mustPanic(t, "WithLogger(nil)", func() { WithLogger(nil) })
+	mustPanic(t, "WithClock(nil)", func() { WithClock(nil) })
+	mustPanic(t, "WithMaxWait(0)", func() { WithMaxWait(0) })
+}
+
+func mustPanic(t *testing.T, name string, f func()) {
+	t.Helper()
+	defer func() {
+		if recover() == nil {
+			t.Errorf("%s did not panic", name)
+		}
+	}()
+	f()
+}
