@@ -18,7 +18,7 @@
 --
 -- Reply: {granted, wait, tat}, integers.
 --   take:   granted is 1 when the tokens were taken, in which case wait (us,
---           rounded up) is how long until they accrue; when the wait would
+--           rounded to the nearest) is how long until they accrue; when the wait would
 --           exceed ARGV[5], granted is 0, nothing is taken and wait says how
 --           long it would have been. tat (us, rounded down) identifies the
 --           take for a later refund.
@@ -54,14 +54,20 @@ local function store(v)
 end
 
 if op == 'take' then
+  -- Work relative to now: the absolute times are too large for the
+  -- fractions of a microsecond to survive the arithmetic.
   local maxwait = tonumber(ARGV[5])
-  local new = math.max(tat or now, now) + n * interval
-  local wait = new - now - burst * interval
-  if wait > maxwait then
-    return {0, math.ceil(wait), math.floor(tat or now)}
+  local debt = 0 -- microseconds of refill already promised beyond now
+  if tat and tat > now then
+    debt = tat - now
   end
-  store(new)
-  return {1, math.max(0, math.ceil(wait)), math.floor(new)}
+  local ahead = debt + n * interval
+  local wait = math.floor(ahead - burst * interval + 0.5)
+  if wait > maxwait then
+    return {0, wait, math.floor(tat or now)}
+  end
+  store(now + ahead)
+  return {1, math.max(0, wait), math.floor(now + ahead)}
 end
 
 if op == 'refund' then

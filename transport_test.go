@@ -222,7 +222,7 @@ func TestInvalidInputMakesNoRedisCall(t *testing.T) {
 }
 
 func TestTransportTakesOneTokenPerRequest(t *testing.T) {
-	mr, rdb, cmds := newMini(t)
+	_, rdb, cmds := newMini(t)
 	var sent atomic.Int64
 	base := roundTripFunc(func(r *http.Request) (*http.Response, error) { sent.Add(1); return okResponse(r) })
 	tr := NewTransport(rdb, Limit{Rate: 1, Burst: 5}, WithBase(base))
@@ -243,7 +243,6 @@ func TestTransportTakesOneTokenPerRequest(t *testing.T) {
 	if err := tr.Limiter().Wait(ctx, "api.example.com", Limit{Rate: 1, Burst: 5}); !errors.Is(err, ErrWouldExceedDeadline) {
 		t.Errorf("sixth token: err = %v, want ErrWouldExceedDeadline", err)
 	}
-	_ = mr
 	if got := cmds.Load(); got != 7 { // one SCRIPT LOAD, then one EVALSHA per acquisition
 		t.Errorf("%d Redis commands for 6 acquisitions, want 7", got)
 	}
@@ -272,7 +271,7 @@ func TestTransportDoesNotModifyRequest(t *testing.T) {
 }
 
 func TestTransportClosesBodyOnError(t *testing.T) {
-	mr, rdb, _ := newMini(t)
+	_, rdb, _ := newMini(t)
 	base := roundTripFunc(func(r *http.Request) (*http.Response, error) {
 		t.Error("a refused request reached the base RoundTripper")
 		return okResponse(r)
@@ -309,7 +308,6 @@ func TestTransportClosesBodyOnError(t *testing.T) {
 	}(), ErrUnavailable) {
 		t.Error("a key error was reported as unavailable")
 	}
-	_ = mr
 }
 
 func TestTransportPerKeyLimits(t *testing.T) {

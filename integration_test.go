@@ -1,0 +1,371 @@
+package quota
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"os/exec"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/sharedquota/quota/internal/redistest"
+)
+
+// The integration tests run the script on real redis-server processes that
+// they start themselves: the atomicity argument is only evidence on the
+// server that ships.
+
+func TestMain(m *testing.M) {
+	if os.Getenv(workerEnv) != "" {
+		os.Exit(runWorker())
+	}
+	os.Exit(m.Run())
+}
+
+// acquireFunc takes one token or fails.
+type acquireFunc func(ctx context.Context) error
+
+// swarm runs goroutines that each call acquire in a loop until d has passed
+// after start, and returns the instants of the grants.
+func swarm(ctx context.Context, goroutines int, start time.Time, d time.Duration, acquire acquireFunc) ([]time.Time, error) {
+	var (
+		mu     sync.Mutex
+		grants []time.Time
+		wg     sync.WaitGroup
+		errs   = make(chan error, goroutines)
+	)
+	end := start.Add(d)
+	for range goroutines {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			time.Sleep(time.Until(start))
+			for time.Now().Before(end) {
+				if err := acquire(ctx); err != nil {
+					errs <- err
+					return
+				}
+				now := time.Now()
+				mu.Lock()
+				grants = append(grants, now)
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	slices.SortFunc(grants, func(a, b time.Time) int { return a.Compare(b) })
+	return grants, <-errs
+}
+
+// maxInWindow returns the largest number of grants in any window of length
+// w, closed at both ends.
+func maxInWindow(grants []time.Time, w time.Duration) int {
+	best, j := 0, 0
+	for i := range grants {
+		for j < len(grants) && grants[j].Sub(grants[i]) <= w {
+			j++
+		}
+		best = max(best, j-i)
+	}
+	return best
+}
+
+// bound is the most grants a bucket of lim may issue in a window of w.
+func bound(lim Limit, w time.Duration) int {
+	lim, _ = lim.resolve()
+	return int(math.Floor(lim.Burst + lim.Rate*w.Seconds()))
+}
+
+func TestSwarmNeverOverIssues(t *testing.T) {
+	rdb := redistest.Start(t).Client(t)
+	l := NewLimiter(rdb)
+	lim := Limit{Rate: 10, Burst: 5}
+	grants, err := swarm(context.Background(), 25, time.Now(), 3*time.Second, func(ctx context.Context) error {
+		return l.Wait(ctx, "swarm", lim)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkSwarm(t, grants, lim, 3*time.Second)
+}
+
+// checkSwarm asserts that grants never exceed the bucket's bound in any
+// 1-second window and that the bucket was not simply starved.
+func checkSwarm(t *testing.T, grants []time.Time, lim Limit, d time.Duration) {
+	t.Helper()
+	got, limit := maxInWindow(grants, time.Second), bound(lim, time.Second)
+	t.Logf("%d grants in %v; at most %d in any 1s window (bound %d)", len(grants), d, got, limit)
+	if got > limit {
+		t.Errorf("%d grants in one 1s window, bound Burst+Rate = %d", got, limit)
+	}
+	lim, _ = lim.resolve()
+	if want := int(lim.Burst + lim.Rate*d.Seconds()*0.9); len(grants) < want {
+		t.Errorf("%d grants in %v, want at least %d: the bucket starves its callers", len(grants), d, want)
+	}
+}
+
+// naiveWait is the get-then-set limiter the script exists to prevent: the
+// same arithmetic, in three Redis calls that other callers interleave with.
+// It is here only to show that the swarm test can fail.
+func naiveWait(ctx context.Context, rdb *redis.Client, key string, lim Limit) error {
+	lim, _ = lim.resolve()
+	interval := 1e6 / lim.Rate
+	now := float64(time.Now().UnixMicro())
+	tat, err := rdb.Get(ctx, key).Float64()
+	if errors.Is(err, redis.Nil) {
+		tat, err = now, nil
+	}
+	if err != nil {
+		return err
+	}
+	next := max(tat, now) + interval
+	if err := rdb.Set(ctx, key, strconv.FormatFloat(next, 'f', -1, 64), time.Minute).Err(); err != nil {
+		return err
+	}
+	return sleep(ctx, time.Duration(next-now-lim.Burst*interval)*time.Microsecond)
+}
+
+func TestSwarmCatchesNaiveGetThenSet(t *testing.T) {
+	rdb := redistest.Start(t).Client(t)
+	lim := Limit{Rate: 10, Burst: 5}
+	grants, err := swarm(context.Background(), 25, time.Now().Add(50*time.Millisecond), 3*time.Second, func(ctx context.Context) error {
+		return naiveWait(ctx, rdb, "naive", lim)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, limit := maxInWindow(grants, time.Second), bound(lim, time.Second)
+	t.Logf("naive get-then-set: %d grants, at most %d in a 1s window (bound %d)", len(grants), got, limit)
+	if got <= limit {
+		t.Errorf("the swarm assertion passed a get-then-set limiter: %d in a 1s window, bound %d", got, limit)
+	}
+}
+
+func TestSwarmWithLaggingCallerClocks(t *testing.T) {
+	rdb := redistest.Start(t).Client(t)
+	lim := Limit{Rate: 10, Burst: 5}
+	// Half the callers run 300ms behind: they arrive "in the past", which
+	// must only make them wait longer, never re-credit the bucket.
+	onTime := NewLimiter(rdb, WithClock(time.Now))
+	late := NewLimiter(rdb, WithClock(func() time.Time { return time.Now().Add(-300 * time.Millisecond) }))
+	var i atomic.Int64
+	grants, err := swarm(context.Background(), 24, time.Now(), 3*time.Second, func(ctx context.Context) error {
+		if i.Add(1)%2 == 0 {
+			return late.Wait(ctx, "clock", lim)
+		}
+		return onTime.Wait(ctx, "clock", lim)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, limit := maxInWindow(grants, time.Second), bound(lim, time.Second)
+	t.Logf("%d grants, at most %d in a 1s window (bound %d)", len(grants), got, limit)
+	if got > limit {
+		t.Errorf("%d grants in one 1s window with lagging clocks, bound %d", got, limit)
+	}
+}
+
+func TestThroughputUnderSaturation(t *testing.T) {
+	rdb := redistest.Start(t).Client(t)
+	l := NewLimiter(rdb)
+	lim := Limit{Rate: 100, Burst: 10}
+	grants, err := swarm(context.Background(), 20, time.Now(), 3*time.Second, func(ctx context.Context) error {
+		return l.Wait(ctx, "saturated", lim)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	steady := grants[int(lim.Burst):] // after the initial burst
+	rate := float64(len(steady)-1) / steady[len(steady)-1].Sub(steady[0]).Seconds()
+	t.Logf("sustained %.1f grants/s against a rate of %v", rate, lim.Rate)
+	if math.Abs(rate-lim.Rate)/lim.Rate > 0.02 {
+		t.Errorf("sustained %.1f/s, want within 2%% of %v", rate, lim.Rate)
+	}
+}
+
+func TestReportedWaitIsExact(t *testing.T) {
+	rdb := redistest.Start(t).Client(t)
+	l := NewLimiter(rdb)
+	ctx := context.Background()
+	for _, lim := range []Limit{{Rate: 10, Burst: 5}, {Rate: 3, Burst: 2}, {Rate: 250, Burst: 20}} {
+		key, _ := l.redisKey(fmt.Sprintf("exact-%v", lim.Rate))
+		interval := time.Duration(float64(time.Second) / lim.Rate)
+		start := time.Now()
+		if _, _, err := l.script.call(ctx, key, "take", lim, lim.Burst, 0, ""); err != nil {
+			t.Fatal(err)
+		}
+		r, _, err := l.script.call(ctx, key, "take", lim, 1, time.Minute.Microseconds(), "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if off := r.wait - interval; off > 5*time.Millisecond || off < -5*time.Millisecond {
+			t.Errorf("%v: reported wait %v after exhausting the bucket, true refill interval %v", lim, r.wait, interval)
+		}
+		// A waiter is granted within a few milliseconds of its token accruing.
+		if err := l.Wait(ctx, fmt.Sprintf("exact-%v", lim.Rate), lim); err != nil {
+			t.Fatal(err)
+		}
+		late := time.Since(start) - 2*interval
+		t.Logf("%v: reported %v for %v; second waiter granted %v after its token accrued", lim, r.wait, interval, late)
+		if late < -time.Millisecond || late > 20*time.Millisecond {
+			t.Errorf("%v: granted %v after the token accrued, want within a few milliseconds", lim, late)
+		}
+	}
+}
+
+func TestScriptFlushMidRun(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb, admin := srv.Client(t), srv.Client(t)
+	l := NewLimiter(rdb)
+	lim := Limit{Rate: 50, Burst: 5}
+	time.AfterFunc(500*time.Millisecond, func() { admin.ScriptFlush(context.Background()) })
+	time.AfterFunc(1000*time.Millisecond, func() { admin.ScriptFlush(context.Background()) })
+	grants, err := swarm(context.Background(), 10, time.Now(), 1500*time.Millisecond, func(ctx context.Context) error {
+		return l.Wait(ctx, "flush", lim)
+	})
+	if err != nil {
+		t.Fatalf("a wait failed across SCRIPT FLUSH: %v", err)
+	}
+	if len(grants) < 50 {
+		t.Errorf("%d grants, want about 80", len(grants))
+	}
+}
+
+// The worker process: the test binary re-executed with workerEnv set runs
+// goroutines against one bucket and prints a workerReport as JSON.
+
+const workerEnv = "QUOTA_TEST_WORKER"
+
+type workerSpec struct {
+	Addr       string
+	Key        string
+	Limit      Limit
+	Goroutines int
+	Start      time.Time
+	Duration   time.Duration
+	Naive      bool
+}
+
+type workerReport struct {
+	Grants   []time.Time
+	Commands int64
+	Err      string
+}
+
+func runWorker() int {
+	var spec workerSpec
+	if err := json.Unmarshal([]byte(os.Getenv(workerEnv)), &spec); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: spec.Addr, PoolSize: spec.Goroutines})
+	defer rdb.Close()
+	var cmds atomic.Int64
+	rdb.AddHook(countHook{&cmds})
+	l := NewLimiter(rdb)
+	acquire := func(ctx context.Context) error { return l.Wait(ctx, spec.Key, spec.Limit) }
+	if spec.Naive {
+		key, _ := l.redisKey(spec.Key)
+		acquire = func(ctx context.Context) error { return naiveWait(ctx, rdb, key, spec.Limit) }
+	}
+	grants, err := swarm(context.Background(), spec.Goroutines, spec.Start, spec.Duration, acquire)
+	rep := workerReport{Grants: grants, Commands: cmds.Load()}
+	if err != nil {
+		rep.Err = err.Error()
+	}
+	json.NewEncoder(os.Stdout).Encode(rep)
+	return 0
+}
+
+// runWorkers runs procs worker processes and returns their reports.
+func runWorkers(t *testing.T, procs int, spec workerSpec) []workerReport {
+	t.Helper()
+	spec.Start = time.Now().Add(500 * time.Millisecond) // after every process is up
+	env, _ := json.Marshal(spec)
+	cmds := make([]*exec.Cmd, procs)
+	outs := make([]*bufio.Reader, procs)
+	for i := range cmds {
+		cmd := exec.Command(os.Args[0], "-test.run=^$")
+		cmd.Env = append(os.Environ(), workerEnv+"="+string(env))
+		cmd.Stderr = os.Stderr
+		out, err := cmd.StdoutPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		cmds[i], outs[i] = cmd, bufio.NewReader(out)
+	}
+	reports := make([]workerReport, procs)
+	for i, cmd := range cmds {
+		if err := json.NewDecoder(outs[i]).Decode(&reports[i]); err != nil {
+			t.Fatalf("worker %d: %v", i, err)
+		}
+		if err := cmd.Wait(); err != nil {
+			t.Fatalf("worker %d: %v", i, err)
+		}
+		if reports[i].Err != "" {
+			t.Fatalf("worker %d: %s", i, reports[i].Err)
+		}
+	}
+	return reports
+}
+
+func mergeGrants(reports []workerReport) []time.Time {
+	var all []time.Time
+	for _, r := range reports {
+		all = append(all, r.Grants...)
+	}
+	slices.SortFunc(all, func(a, b time.Time) int { return a.Compare(b) })
+	return all
+}
+
+func TestSwarmAcrossProcesses(t *testing.T) {
+	srv := redistest.Start(t)
+	lim := Limit{Rate: 10, Burst: 5}
+	reports := runWorkers(t, 3, workerSpec{Addr: srv.Addr(), Key: "procs", Limit: lim, Goroutines: 10, Duration: 3 * time.Second})
+	for i, r := range reports {
+		t.Logf("worker %d: %d grants", i, len(r.Grants))
+	}
+	checkSwarm(t, mergeGrants(reports), lim, 3*time.Second)
+}
+
+func TestSwarmAcrossProcessesCatchesNaive(t *testing.T) {
+	srv := redistest.Start(t)
+	lim := Limit{Rate: 10, Burst: 5}
+	reports := runWorkers(t, 3, workerSpec{Addr: srv.Addr(), Key: "naive-procs", Limit: lim, Goroutines: 10, Duration: 2 * time.Second, Naive: true})
+	grants := mergeGrants(reports)
+	got, limit := maxInWindow(grants, time.Second), bound(lim, time.Second)
+	t.Logf("naive across 3 processes: %d grants, at most %d in a 1s window (bound %d)", len(grants), got, limit)
+	if got <= limit {
+		t.Errorf("the cross-process assertion passed a get-then-set limiter: %d in a 1s window, bound %d", got, limit)
+	}
+}
+
+func TestCommandsPerGrantUnderContention(t *testing.T) {
+	srv := redistest.Start(t)
+	lim := Limit{Rate: 200, Burst: 20}
+	reports := runWorkers(t, 4, workerSpec{Addr: srv.Addr(), Key: "contended", Limit: lim, Goroutines: 50, Duration: 3 * time.Second})
+	var grants, cmds int64
+	for _, r := range reports {
+		grants += int64(len(r.Grants))
+		cmds += r.Commands
+	}
+	perGrant := float64(cmds) / float64(grants)
+	t.Logf("4 processes x 50 goroutines on %v: %d commands for %d grants, %.3f per grant", lim, cmds, grants, perGrant)
+	if perGrant > 1.1 {
+		t.Errorf("%.3f Redis commands per grant, want at most 1.1", perGrant)
+	}
+	checkSwarm(t, mergeGrants(reports), lim, 3*time.Second)
+}
