@@ -35,20 +35,24 @@ type waitSpan struct {
 }
 
 func (o observer) start(ctx context.Context, key string, lim Limit, n float64) (context.Context, *waitSpan) {
-	ctx, span := o.tracer.Start(ctx, "quota.wait",
-		trace.WithSpanKind(trace.SpanKindInternal),
-		trace.WithAttributes(
+	ctx, span := o.tracer.Start(ctx, "quota.wait", trace.WithSpanKind(trace.SpanKindInternal))
+	if span.IsRecording() {
+		span.SetAttributes(
 			attribute.String("quota.key", key),
 			attribute.Float64("quota.limit.rate", lim.Rate),
 			attribute.Float64("quota.limit.burst", lim.Burst),
 			attribute.Float64("quota.tokens", n),
-		))
+		)
+	}
 	return ctx, &waitSpan{span: span}
 }
 
 func (s *waitSpan) waited(d time.Duration) { s.wait = d }
 
 func (s *waitSpan) end(trips int, err error) {
+	if !s.span.IsRecording() {
+		return
+	}
 	s.span.SetAttributes(
 		attribute.Float64("quota.wait.seconds", s.wait.Seconds()),
 		attribute.Int("quota.redis.round_trips", trips),

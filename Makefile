@@ -1,0 +1,22 @@
+# make test   installs redis-server when missing, then lints and runs every test
+# make bench  the benchmarks on a real redis-server
+# make lint   gofmt, go vet and staticcheck
+
+GO          ?= go
+STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
+
+.PHONY: test bench lint redis
+
+test: redis lint
+	QUOTA_REQUIRE_REDIS=1 $(GO) test -race -count=1 -timeout 15m ./...
+
+bench: redis
+	QUOTA_REQUIRE_REDIS=1 $(GO) test -run '^$$' -bench . -benchmem -count 6 .
+
+lint:
+	@unformatted=$$(gofmt -l .); if [ -n "$$unformatted" ]; then echo "gofmt would change: $$unformatted"; exit 1; fi
+	$(GO) vet ./...
+	$(GO) run $(STATICCHECK) ./...
+
+redis:
+	@scripts/need-redis.sh
