@@ -37,13 +37,13 @@ func BenchmarkAcquire(b *testing.B) {
 	// BareEvalSha is the floor for Wait: the same script with the same
 	// arguments, called directly.
 	b.Run("BareEvalSha", func(b *testing.B) {
-		if err := rdb.ScriptLoad(ctx, scriptSource).Err(); err != nil {
+		if err := rdb.ScriptLoad(ctx, bucketSource).Err(); err != nil {
 			b.Fatal(err)
 		}
 		keys := []string{"quota:{bench}"}
 		args := []any{"take", "1e+09", "1e+09", "1", DefaultMaxWait.Microseconds(), ""}
 		for b.Loop() {
-			if err := rdb.EvalSha(ctx, scriptSHA, keys, args...).Err(); err != nil {
+			if err := rdb.EvalSha(ctx, newScript(rdb, bucketSource).sha, keys, args...).Err(); err != nil {
 				b.Fatal(err)
 			}
 		}

@@ -201,10 +201,10 @@ func TestReportedWaitIsExact(t *testing.T) {
 		key, _ := l.redisKey(fmt.Sprintf("exact-%v", lim.Rate))
 		interval := time.Duration(float64(time.Second) / lim.Rate)
 		start := time.Now()
-		if _, _, err := l.script.call(ctx, key, "take", lim, lim.Burst, 0, ""); err != nil {
+		if _, _, err := l.bucketCall(ctx, key, "take", lim, lim.Burst, 0); err != nil {
 			t.Fatal(err)
 		}
-		r, _, err := l.script.call(ctx, key, "take", lim, 1, time.Minute.Microseconds(), "")
+		r, _, err := l.bucketCall(ctx, key, "take", lim, 1, time.Minute.Microseconds())
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -6,7 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"strconv"
+	"math"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -25,12 +25,19 @@ const refundTimeout = time.Second
 // and hosts. Each bucket is a key; its Limit travels with each call, so all
 // callers of one bucket must pass the same Limit.
 //
+// While Redis is unavailable the Limiter's Policy serves requests, and a
+// background probe finds out when Redis answers again; Mode tells which is
+// the case.
+//
 // A Limiter is safe for concurrent use. Most callers want a Transport, which
 // waits for a token before each HTTP request; Wait serves everything else.
 type Limiter struct {
-	script script
-	cfg    config
-	obs    observer
+	cfg     config
+	bucket  *script
+	obs     observer
+	health  health
+	locals  localLimiters
+	workers fleet
 }
 
 // NewLimiter returns a Limiter that keeps its buckets in rdb, which may be a
@@ -41,11 +48,14 @@ func NewLimiter(rdb redis.Scripter, opts ...Option) *Limiter {
 		panic("quota: NewLimiter with a nil Redis client")
 	}
 	cfg := newConfig(opts)
-	return &Limiter{
-		script: script{rdb: rdb},
+	l := &Limiter{
 		cfg:    cfg,
+		bucket: newScript(rdb, bucketSource),
 		obs:    newObserver(cfg),
 	}
+	l.health.init(l, rdb)
+	l.workers.init(rdb, cfg)
+	return l
 }
 
 // Wait is shorthand for WaitN(ctx, key, lim, 1).
@@ -68,7 +78,7 @@ func (l *Limiter) Wait(ctx context.Context, key string, lim Limit) error {
 //
 // An invalid lim, n or key fails at once, without a Redis call, with an
 // error matching ErrInvalidLimit, ErrInvalidTokens, ErrExceedsBurst or
-// ErrInvalidKey. When Redis cannot be used, the Limiter's Policy decides.
+// ErrInvalidKey. While Redis is unavailable, the Limiter's Policy decides.
 func (l *Limiter) WaitN(ctx context.Context, key string, lim Limit, n float64) (err error) {
 	rkey, err := l.redisKey(key)
 	if err != nil {
@@ -85,18 +95,31 @@ func (l *Limiter) WaitN(ctx context.Context, key string, lim Limit, n float64) (
 	}
 
 	ctx, span := l.obs.start(ctx, key, lim, n)
-	trips := 0
-	defer func() { span.end(trips, err) }()
+	defer func() { span.end(err) }()
 
 	for {
-		maxWait, deadline := l.maxWait(ctx)
-		r, t, err := l.script.call(ctx, rkey, "take", lim, n, maxWait.Microseconds(), l.now())
-		trips += t
-		if err != nil {
-			return l.redisFailed(ctx, err)
+		if mode := l.health.mode(); mode != ModeShared {
+			span.mode = mode
+			l.health.touch(rkey)
+			err := l.degradedWait(ctx, key, lim, n, mode)
+			if err == errAskAgain {
+				continue // Redis may be back by now
+			}
+			return err
 		}
+		maxWait, deadline := l.maxWait(ctx)
+		r, trips, err := l.bucketCall(ctx, rkey, opTake, lim, n, maxWait.Microseconds())
+		span.trips += trips
+		if err != nil {
+			if err = l.classify(ctx, err); errors.Is(err, ErrUnavailable) {
+				l.health.trip(key, rkey, err)
+				continue // the policy serves this request too
+			}
+			return err
+		}
+		l.workers.heartbeat()
 		if r.granted {
-			span.waited(r.wait)
+			span.wait = r.wait
 			if err := sleep(ctx, r.wait); err != nil {
 				go l.refund(context.WithoutCancel(ctx), rkey, lim, n, r.tat)
 				return err
@@ -112,12 +135,63 @@ func (l *Limiter) WaitN(ctx context.Context, key string, lim Limit, n float64) (
 	}
 }
 
+// Mode returns how the Limiter grants tokens now: ModeShared while Redis is
+// healthy, the Policy's mode while it is not. A service can report it on its
+// health endpoint.
+func (l *Limiter) Mode() Mode { return l.health.mode() }
+
+// errAskAgain tells WaitN that the policy slept MaxWait without granting.
+var errAskAgain = errors.New("quota: ask again")
+
+// degradedWait serves a request by the Policy while Redis is unavailable.
+func (l *Limiter) degradedWait(ctx context.Context, key string, lim Limit, n float64, mode Mode) error {
+	switch mode {
+	case ModeOpen:
+		l.health.served.Add(1)
+		return nil
+	case ModeLocal:
+		return l.localWait(ctx, key, lim, n)
+	}
+	l.health.refused.Add(1)
+	return fmt.Errorf("%w: %w", ErrUnavailable, l.health.lastCause())
+}
+
+// localWait waits for n tokens from this process's share of the bucket.
+func (l *Limiter) localWait(ctx context.Context, key string, lim Limit, n float64) error {
+	rl := l.locals.get(key, lim, l.workers.divisor(l.cfg.policy))
+	tokens := int(math.Ceil(n))
+	if tokens > rl.Burst() {
+		l.health.refused.Add(1)
+		return fmt.Errorf("%w: %v tokens exceed this worker's local share of the burst, %d", ErrUnavailable, n, rl.Burst())
+	}
+	now := time.Now()
+	r := rl.ReserveN(now, tokens)
+	delay := r.DelayFrom(now)
+	maxWait, deadline := l.maxWait(ctx)
+	if delay > maxWait {
+		r.CancelAt(now)
+		if deadline {
+			return fmt.Errorf("%w: %q needs %v", ErrWouldExceedDeadline, key, delay)
+		}
+		if err := sleep(ctx, maxWait); err != nil {
+			return err
+		}
+		return errAskAgain
+	}
+	if err := sleep(ctx, delay); err != nil {
+		r.Cancel()
+		return err
+	}
+	l.health.served.Add(1)
+	return nil
+}
+
 // refund hands n tokens taken at tat back to the bucket after the caller
 // gave up waiting for them.
 func (l *Limiter) refund(ctx context.Context, rkey string, lim Limit, n float64, tat int64) {
 	ctx, cancel := context.WithTimeout(ctx, refundTimeout)
 	defer cancel()
-	_, _, _ = l.script.call(ctx, rkey, "refund", lim, n, tat, l.now())
+	_, _, _ = l.bucketCall(ctx, rkey, opRefund, lim, n, tat)
 }
 
 // maxWait returns how long the caller accepts to wait, and whether that is
@@ -131,39 +205,34 @@ func (l *Limiter) maxWait(ctx context.Context) (time.Duration, bool) {
 	return l.cfg.maxWait, false
 }
 
-// now returns the ARGV the script reads as the time: empty for the server's
-// clock, the caller's clock in microseconds with WithClock.
-func (l *Limiter) now() string {
-	if l.cfg.clock == nil {
-		return ""
-	}
-	return strconv.FormatInt(l.cfg.clock().UnixMicro(), 10)
-}
-
-// redisFailed turns an error of the Redis call into the error WaitN returns.
-func (l *Limiter) redisFailed(ctx context.Context, err error) error {
-	if ctxErr := ctx.Err(); ctxErr != nil && errors.Is(err, ctxErr) {
+// classify turns an error of a Redis call into the error WaitN returns: the
+// caller's own context error, ErrScript for a call the server rejects as
+// wrong (a bug or a misconfiguration, which no policy should hide), or
+// ErrUnavailable for everything that says the server cannot serve now.
+func (l *Limiter) classify(ctx context.Context, err error) error {
+	if ctxErr := ctx.Err(); ctxErr != nil {
 		return ctxErr
 	}
-	if errors.Is(err, ErrScript) || isScriptError(err) {
+	if errors.Is(err, ErrScript) {
+		return err
+	}
+	var rerr redis.Error
+	if errors.As(err, &rerr) && !isOutageReply(err) {
 		return fmt.Errorf("%w: %w", ErrScript, err)
 	}
 	return fmt.Errorf("%w: %w", ErrUnavailable, err)
 }
 
-// isScriptError reports whether err is an error reply that says the call
-// itself is wrong, as opposed to one that says the server cannot serve now.
-func isScriptError(err error) bool {
-	var rerr redis.Error
-	if !errors.As(err, &rerr) {
-		return false
-	}
-	for _, p := range []string{"LOADING", "CLUSTERDOWN", "READONLY", "MASTERDOWN", "TRYAGAIN", "BUSY", "NOREPLICAS", "MOVED", "ASK"} {
+// isOutageReply reports whether an error reply says that the server cannot
+// serve now (loading, failing over, a replica, a cluster without quorum)
+// rather than that the call is wrong.
+func isOutageReply(err error) bool {
+	for _, p := range []string{"LOADING", "CLUSTERDOWN", "READONLY", "MASTERDOWN", "TRYAGAIN", "BUSY", "NOREPLICAS", "MOVED", "ASK", "FAILOVER", "UNBLOCKED"} {
 		if redis.HasErrorPrefix(err, p) {
-			return false
+			return true
 		}
 	}
-	return true
+	return false
 }
 
 // redisKey returns the Redis key of the bucket named name: the prefix, then

@@ -30,8 +30,10 @@ func newObserver(cfg config) observer {
 // waitSpan is the span of one acquisition, ended before the request it
 // gates is sent, so that the HTTP client span does not include the wait.
 type waitSpan struct {
-	span trace.Span
-	wait time.Duration
+	span  trace.Span
+	mode  Mode          // how the tokens were granted or refused
+	wait  time.Duration // the wait the shared bucket asked for
+	trips int           // Redis round trips
 }
 
 func (o observer) start(ctx context.Context, key string, lim Limit, n float64) (context.Context, *waitSpan) {
@@ -47,15 +49,14 @@ func (o observer) start(ctx context.Context, key string, lim Limit, n float64) (
 	return ctx, &waitSpan{span: span}
 }
 
-func (s *waitSpan) waited(d time.Duration) { s.wait = d }
-
-func (s *waitSpan) end(trips int, err error) {
+func (s *waitSpan) end(err error) {
 	if !s.span.IsRecording() {
 		return
 	}
 	s.span.SetAttributes(
 		attribute.Float64("quota.wait.seconds", s.wait.Seconds()),
-		attribute.Int("quota.redis.round_trips", trips),
+		attribute.String("quota.mode", s.mode.String()),
+		attribute.Int("quota.redis.round_trips", s.trips),
 		attribute.String("quota.outcome", outcome(err)),
 	)
 	if err != nil {

@@ -3,74 +3,48 @@ package quota
 import (
 	"context"
 	"crypto/sha1"
-	_ "embed"
 	"encoding/hex"
 	"errors"
-	"fmt"
-	"strconv"
 	"sync"
-	"time"
 
 	"github.com/redis/go-redis/v9"
 )
 
-//go:embed script.lua
-var scriptSource string
-
-var scriptSHA = func() string {
-	sum := sha1.Sum([]byte(scriptSource))
-	return hex.EncodeToString(sum[:])
-}()
-
-// script runs the bucket script on one Redis client. It loads the script
-// once before its first use, however many goroutines start at once, and
-// falls back to EVAL when a server has lost it (SCRIPT FLUSH, a restart, a
+// script runs one Lua script on one Redis client. It loads the script once
+// before its first use, however many goroutines start at once, and falls
+// back to EVAL when a server has lost it (SCRIPT FLUSH, a restart, a
 // failover to a node that never saw it); EVAL caches it there again.
 type script struct {
 	rdb redis.Scripter
+	src string
+	sha string
 
 	mu      sync.Mutex
 	loaded  bool
 	loading chan struct{} // closed when the load in flight ends
 }
 
-// reply is the decoded reply of the script.
-type reply struct {
-	granted bool
-	wait    time.Duration
-	tat     int64 // microseconds; identifies a take for its refund
+func newScript(rdb redis.Scripter, src string) *script {
+	sum := sha1.Sum([]byte(src))
+	return &script{rdb: rdb, src: src, sha: hex.EncodeToString(sum[:])}
 }
 
-// call runs op on key and returns the reply and the number of Redis round
+// run runs the script and returns its command and the number of Redis round
 // trips it took.
-func (s *script) call(ctx context.Context, key, op string, lim Limit, n float64, arg int64, now string) (reply, int, error) {
+func (s *script) run(ctx context.Context, keys []string, args ...any) (*redis.Cmd, int) {
 	trips, err := s.load(ctx)
 	if err != nil {
-		return reply{}, trips, err
+		cmd := redis.NewCmd(ctx)
+		cmd.SetErr(err)
+		return cmd, trips
 	}
-	args := []any{
-		op,
-		strconv.FormatFloat(lim.Rate, 'g', -1, 64),
-		strconv.FormatFloat(lim.Burst, 'g', -1, 64),
-		strconv.FormatFloat(n, 'g', -1, 64),
-		arg,
-		now,
-	}
-	keys := []string{key}
-	cmd := s.rdb.EvalSha(ctx, scriptSHA, keys, args...)
+	cmd := s.rdb.EvalSha(ctx, s.sha, keys, args...)
 	trips++
 	if isNoScript(cmd.Err()) {
-		cmd = s.rdb.Eval(ctx, scriptSource, keys, args...)
+		cmd = s.rdb.Eval(ctx, s.src, keys, args...)
 		trips++
 	}
-	if err := cmd.Err(); err != nil {
-		return reply{}, trips, err
-	}
-	v, err := cmd.Int64Slice()
-	if err != nil || len(v) != 3 {
-		return reply{}, trips, fmt.Errorf("%w: unexpected reply %v", ErrScript, cmd.Val())
-	}
-	return reply{granted: v[0] == 1, wait: time.Duration(v[1]) * time.Microsecond, tat: v[2]}, trips, nil
+	return cmd, trips
 }
 
 // load sends the script to the server once. Concurrent callers wait for the
@@ -86,7 +60,7 @@ func (s *script) load(ctx context.Context) (trips int, err error) {
 		s.mu.Unlock()
 		select {
 		case <-wait:
-			return 0, nil // on failure, EVALSHA falls back to EVAL
+			return 0, nil // on failure, EVALSHA falls back to EVAL or fails alike
 		case <-ctx.Done():
 			return 0, ctx.Err()
 		}
@@ -95,7 +69,7 @@ func (s *script) load(ctx context.Context) (trips int, err error) {
 	s.loading = done
 	s.mu.Unlock()
 
-	err = s.rdb.ScriptLoad(ctx, scriptSource).Err()
+	err = s.rdb.ScriptLoad(ctx, s.src).Err()
 
 	s.mu.Lock()
 	s.loaded = err == nil

@@ -8,7 +8,7 @@
 -- callers queue behind it, first come, first served, with one call each.
 --
 -- KEYS[1]  the bucket's key.
--- ARGV[1]  operation: "take" or "refund".
+-- ARGV[1]  operation: "take", "refund" or "probe".
 -- ARGV[2]  rate, tokens per second (> 0).
 -- ARGV[3]  burst, tokens the bucket holds (>= n).
 -- ARGV[4]  n, tokens to take or to hand back (> 0).
@@ -23,6 +23,8 @@
 --           long it would have been. tat (us, rounded down) identifies the
 --           take for a later refund.
 --   refund: {1, 0, tat} after handing back what can be handed back.
+--   probe:  {1, 0, tat} after rewriting the bucket as it is: a write that
+--           changes nothing, to learn whether the server accepts writes.
 --
 -- The key expires when the bucket is full again: an absent key and a full
 -- bucket are the same state, so idle buckets cost no memory.
@@ -82,6 +84,11 @@ if op == 'refund' then
       tat = tat - back
     end
   end
+  return {1, 0, math.floor(tat or now)}
+end
+
+if op == 'probe' then
+  store(tat or now)
   return {1, 0, math.floor(tat or now)}
 end
 

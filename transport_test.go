@@ -398,7 +398,7 @@ func TestRefundKeepsLaterCallersPlaces(t *testing.T) {
 	lim := Limit{Rate: 10, Burst: 1}
 	ctx := context.Background()
 	call := func(op string, arg int64) reply {
-		r, _, err := l.script.call(ctx, "quota:{k}", op, lim, 1, arg, "")
+		r, _, err := l.bucketCall(ctx, "quota:{k}", op, lim, 1, arg)
 		if err != nil {
 			t.Fatal(err)
 		}
