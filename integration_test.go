@@ -25,11 +25,17 @@ import (
 // server that ships.
 
 func TestMain(m *testing.M) {
+	// The tests kill servers on purpose; go-redis would log every failed dial.
+	redis.SetLogger(quietLogger{})
 	if os.Getenv(workerEnv) != "" {
 		os.Exit(runWorker())
 	}
 	os.Exit(m.Run())
 }
+
+type quietLogger struct{}
+
+func (quietLogger) Printf(context.Context, string, ...any) {}
 
 // acquireFunc takes one token or fails.
 type acquireFunc func(ctx context.Context) error

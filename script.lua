@@ -45,7 +45,11 @@ if not now then
 end
 
 local interval = 1000000 / rate -- microseconds per token
-local tat = tonumber(redis.call('GET', key))
+local state = redis.call('GET', key)
+local tat = tonumber(state)
+if state and not tat then
+  return redis.error_reply('quota: ' .. key .. ' holds something other than a bucket')
+end
 
 local function store(v)
   if v <= now then

@@ -1,0 +1,370 @@
+package quota
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+)
+
+// logRecorder is a slog.Handler that keeps every record.
+type logRecorder struct {
+	mu   sync.Mutex
+	recs []slog.Record
+}
+
+func (h *logRecorder) Enabled(context.Context, slog.Level) bool { return true }
+func (h *logRecorder) WithAttrs([]slog.Attr) slog.Handler       { return h }
+func (h *logRecorder) WithGroup(string) slog.Handler            { return h }
+
+func (h *logRecorder) Handle(_ context.Context, r slog.Record) error {
+	h.mu.Lock()
+	h.recs = append(h.recs, r.Clone())
+	h.mu.Unlock()
+	return nil
+}
+
+// count returns how many records at level have a message containing msg.
+func (h *logRecorder) count(level slog.Level, msg string) int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	n := 0
+	for _, r := range h.recs {
+		if r.Level == level && strings.Contains(r.Message, msg) {
+			n++
+		}
+	}
+	return n
+}
+
+// first returns the first record whose message contains msg.
+func (h *logRecorder) first(msg string) (slog.Record, bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, r := range h.recs {
+		if strings.Contains(r.Message, msg) {
+			return r, true
+		}
+	}
+	return slog.Record{}, false
+}
+
+func (h *logRecorder) String() string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var b strings.Builder
+	for _, r := range h.recs {
+		b.WriteString(r.Level.String() + " " + r.Message)
+		r.Attrs(func(a slog.Attr) bool { b.WriteString(" " + a.String()); return true })
+		b.WriteString("\n")
+	}
+	return b.String()
+}
+
+// limiterOptions are the go-redis options a limiter's client should have:
+// short timeouts and no retries, so that an outage is detected within one
+// call's timeout.
+func limiterOptions(addr string) *redis.Options {
+	return &redis.Options{
+		Addr:                  addr,
+		DialTimeout:           100 * time.Millisecond,
+		ReadTimeout:           100 * time.Millisecond,
+		WriteTimeout:          100 * time.Millisecond,
+		PoolTimeout:           100 * time.Millisecond,
+		MaxRetries:            -1,
+		DialerRetries:         1,
+		ContextTimeoutEnabled: true,
+	}
+}
+
+// degradedMini returns a Limiter on a miniredis with policy p and its log.
+func degradedMini(t *testing.T, p Policy) (*miniredis.Miniredis, *Limiter, *logRecorder) {
+	t.Helper()
+	mr := miniredis.RunT(t)
+	rdb := redis.NewClient(limiterOptions(mr.Addr()))
+	t.Cleanup(func() { rdb.Close() })
+	logs := &logRecorder{}
+	return mr, NewLimiter(rdb, WithPolicy(p), WithLogger(slog.New(logs))), logs
+}
+
+// waitForMode polls l until it is in mode m or d has passed.
+func waitForMode(t *testing.T, l *Limiter, m Mode, d time.Duration) time.Duration {
+	t.Helper()
+	start := time.Now()
+	for l.Mode() != m {
+		if time.Since(start) > d {
+			t.Fatalf("mode %v after %v, want %v", l.Mode(), d, m)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	return time.Since(start)
+}
+
+func TestPolicies(t *testing.T) {
+	ctx := context.Background()
+	lim := Limit{Rate: 100, Burst: 10}
+	for _, tc := range []struct {
+		policy Policy
+		mode   Mode
+		level  slog.Level
+		check  func(t *testing.T, l *Limiter)
+	}{
+		{FailClosed, ModeClosed, slog.LevelError, func(t *testing.T, l *Limiter) {
+			start := time.Now()
+			for range 100 {
+				if err := l.Wait(ctx, "k", lim); !errors.Is(err, ErrUnavailable) {
+					t.Fatalf("err = %v, want ErrUnavailable", err)
+				}
+			}
+			if d := time.Since(start); d > 100*time.Millisecond {
+				t.Errorf("100 refusals took %v: the breaker still pays Redis", d)
+			}
+		}},
+		{Policy{}, ModeClosed, slog.LevelError, func(t *testing.T, l *Limiter) {
+			if err := l.Wait(ctx, "k", lim); !errors.Is(err, ErrUnavailable) {
+				t.Fatalf("the zero Policy: err = %v, want ErrUnavailable", err)
+			}
+		}},
+		{FailOpen, ModeOpen, slog.LevelError, func(t *testing.T, l *Limiter) {
+			for range 1000 {
+				if err := l.Wait(ctx, "k", lim); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}},
+		{FallbackLocal(4), ModeLocal, slog.LevelWarn, func(t *testing.T, l *Limiter) {
+			// A quarter of the limit: a burst of 2 (10/4 rounded down), then
+			// 25 a second.
+			start := time.Now()
+			for range 2 + 5 {
+				if err := l.Wait(ctx, "k", lim); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if d := time.Since(start); d < 150*time.Millisecond || d > 500*time.Millisecond {
+				t.Errorf("7 tokens from a local 25/s bucket of 2 took %v, want about 200ms", d)
+			}
+		}},
+	} {
+		t.Run(tc.policy.String(), func(t *testing.T) {
+			mr, l, logs := degradedMini(t, tc.policy)
+			if err := l.Wait(ctx, "k", lim); err != nil {
+				t.Fatal(err)
+			}
+			mr.Close()
+			// The request that finds Redis gone is served by the policy too.
+			err := l.Wait(ctx, "k", lim)
+			if tc.mode == ModeClosed != errors.Is(err, ErrUnavailable) {
+				t.Fatalf("first request after the outage: err = %v", err)
+			}
+			if l.Mode() != tc.mode {
+				t.Fatalf("Mode() = %v, want %v", l.Mode(), tc.mode)
+			}
+			tc.check(t, l)
+			if err := mr.Restart(); err != nil {
+				t.Fatal(err)
+			}
+			took := waitForMode(t, l, ModeShared, 3*time.Second)
+			t.Logf("shared again %v after Redis came back", took)
+			if n := logs.count(tc.level, "Redis unavailable"); n != 1 {
+				t.Errorf("%d records at %v of the outage, want 1:\n%s", n, tc.level, logs)
+			}
+			if n := logs.count(slog.LevelInfo, "available again"); n != 1 {
+				t.Errorf("%d recovery records, want 1:\n%s", n, logs)
+			}
+			if err := l.Wait(ctx, "k", lim); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+func TestOutageLogRecord(t *testing.T) {
+	mr, l, logs := degradedMini(t, FallbackLocal(3))
+	addr := mr.Addr()
+	mr.Close()
+	_ = l.Wait(context.Background(), "api.example.com", PerSecond(10))
+	r, ok := logs.first("Redis unavailable")
+	if !ok {
+		t.Fatal("no record of the outage")
+	}
+	attrs := map[string]string{}
+	r.Attrs(func(a slog.Attr) bool { attrs[a.Key] = a.Value.String(); return true })
+	for k, want := range map[string]string{"redis": addr, "key": "api.example.com", "policy": "fallback local (3 workers)", "mode": "local"} {
+		if attrs[k] != want {
+			t.Errorf("record attribute %s = %q, want %q", k, attrs[k], want)
+		}
+	}
+	if attrs["cause"] == "" {
+		t.Error("the record does not say what failed")
+	}
+}
+
+func TestReminderWhileDegraded(t *testing.T) {
+	defer func(d time.Duration) { remindEvery = d }(remindEvery)
+	remindEvery = 200 * time.Millisecond
+	mr, l, logs := degradedMini(t, FailOpen)
+	mr.Close()
+	end := time.Now().Add(time.Second)
+	for time.Now().Before(end) {
+		_ = l.Wait(context.Background(), "k", PerSecond(10))
+		time.Sleep(time.Millisecond)
+	}
+	n := logs.count(slog.LevelError, "still unavailable")
+	if n < 2 || n > 6 {
+		t.Errorf("%d reminders in 1s at most one per 200ms, want 2 to 5:\n%s", n, logs)
+	}
+	r, _ := logs.first("still unavailable")
+	served := int64(-1)
+	r.Attrs(func(a slog.Attr) bool {
+		if a.Key == "served" {
+			served = a.Value.Int64()
+		}
+		return true
+	})
+	if served <= 0 {
+		t.Errorf("the reminder says %d requests were served", served)
+	}
+}
+
+func TestScriptErrorDoesNotSwitchMode(t *testing.T) {
+	mr, l, logs := degradedMini(t, FailOpen)
+	mr.Set("quota:{k}", "not a number")
+	mr.HSet("quota:{h}", "f", "v")
+	for _, key := range []string{"k", "h"} {
+		if err := l.Wait(context.Background(), key, PerSecond(1)); !errors.Is(err, ErrScript) {
+			t.Errorf("%s: err = %v, want ErrScript", key, err)
+		}
+	}
+	if l.Mode() != ModeShared || logs.count(slog.LevelError, "") != 0 {
+		t.Errorf("a script error switched the mode to %v:\n%s", l.Mode(), logs)
+	}
+}
+
+func TestCallerCancelIsNotAnOutage(t *testing.T) {
+	mr, l, logs := degradedMini(t, FailOpen)
+	mr.SetTime(time.Now())
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := l.Wait(ctx, "k", PerSecond(1)); !errors.Is(err, context.Canceled) {
+		t.Errorf("err = %v, want context.Canceled", err)
+	}
+	if l.Mode() != ModeShared || len(logs.recs) != 0 {
+		t.Errorf("a cancelled caller switched the mode to %v", l.Mode())
+	}
+}
+
+type replyError string
+
+func (e replyError) Error() string { return string(e) }
+func (replyError) RedisError()     {}
+
+func TestClassify(t *testing.T) {
+	_, l, _ := degradedMini(t, FailClosed)
+	ctx := context.Background()
+	for _, tc := range []struct {
+		err  error
+		want error
+	}{
+		{replyError("LOADING Redis is loading the dataset in memory"), ErrUnavailable},
+		{replyError("CLUSTERDOWN The cluster is down"), ErrUnavailable},
+		{replyError("READONLY You can't write against a read only replica."), ErrUnavailable},
+		{replyError("MASTERDOWN Link with MASTER is down"), ErrUnavailable},
+		{replyError("TRYAGAIN Multiple keys request during rehashing of slot"), ErrUnavailable},
+		{replyError("BUSY Redis is busy running a script"), ErrUnavailable},
+		{redis.ErrPoolTimeout, ErrUnavailable},
+		{redis.ErrClosed, ErrUnavailable},
+		{errors.New("dial tcp 127.0.0.1:1: connect: connection refused"), ErrUnavailable},
+		{replyError("ERR user_script:1: Script attempted to access nonexistent global variable"), ErrScript},
+		{replyError("WRONGTYPE Operation against a key holding the wrong kind of value"), ErrScript},
+		{replyError("NOPERM User quota has no permissions to run the 'evalsha' command"), ErrScript},
+	} {
+		if got := l.classify(ctx, tc.err); !errors.Is(got, tc.want) {
+			t.Errorf("classify(%v) = %v, want %v", tc.err, got, tc.want)
+		}
+	}
+	cancelled, cancel := context.WithCancel(ctx)
+	cancel()
+	if got := l.classify(cancelled, context.Canceled); got != context.Canceled {
+		t.Errorf("classify of the caller's cancellation = %v", got)
+	}
+}
+
+func TestCountingWorkers(t *testing.T) {
+	mr := miniredis.RunT(t)
+	policy := FallbackLocal(2).CountingWorkers()
+	var ls []*Limiter
+	for range 5 {
+		rdb := redis.NewClient(limiterOptions(mr.Addr()))
+		t.Cleanup(func() { rdb.Close() })
+		ls = append(ls, NewLimiter(rdb, WithPolicy(policy), WithLogger(slog.New(&logRecorder{}))))
+	}
+	// A Limiter that never saw a count divides by the floor.
+	if d := ls[0].workers.divisor(policy); d != 2 {
+		t.Errorf("divisor before any count = %d, want the floor 2", d)
+	}
+	for _, l := range ls {
+		if err := l.Wait(context.Background(), "k", PerSecond(100)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(100 * time.Millisecond) // the announcements run in the background
+	l := ls[len(ls)-1]
+	if d := l.workers.divisor(policy); d != 5 {
+		t.Errorf("divisor after 5 workers announced themselves = %d, want 5", d)
+	}
+	if n, _ := mr.ZMembers("quota:workers"); len(n) != 5 {
+		t.Errorf("%d announcements in Redis, want 5", len(n))
+	}
+	// The count never drops below the floor, and a smaller count does not
+	// lower the peak while it is held.
+	l.workers.saw(1)
+	if d := l.workers.divisor(policy); d != 5 {
+		t.Errorf("divisor after a count of 1 = %d, want the held peak 5", d)
+	}
+	if d := l.workers.divisor(FallbackLocal(8).CountingWorkers()); d != 8 {
+		t.Errorf("divisor with a floor of 8 = %d, want 8", d)
+	}
+
+	// In an outage, the last Limiter grants at a fifth of the rate.
+	mr.Close()
+	lim := Limit{Rate: 50, Burst: 5}
+	start := time.Now()
+	for range 1 + 5 { // a local burst of 1, then 10 a second
+		if err := l.Wait(context.Background(), "k", lim); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if d := time.Since(start); d < 400*time.Millisecond || d > 900*time.Millisecond {
+		t.Errorf("6 tokens at a fifth of 50/s took %v, want about 500ms", d)
+	}
+	if l.Mode() != ModeLocal {
+		t.Errorf("Mode() = %v, want local", l.Mode())
+	}
+}
+
+func TestPolicyConstructionErrors(t *testing.T) {
+	mustPanic(t, "FallbackLocal(0)", func() { FallbackLocal(0) })
+	mustPanic(t, "FallbackLocal(-1)", func() { FallbackLocal(-1) })
+	mustPanic(t, "FailOpen.CountingWorkers()", func() { FailOpen.CountingWorkers() })
+	for p, want := range map[*Policy]string{&FailOpen: "fail open", &FailClosed: "fail closed"} {
+		if p.String() != want {
+			t.Errorf("String() = %q, want %q", p.String(), want)
+		}
+	}
+	if s := FallbackLocal(3).CountingWorkers().String(); s != "fallback local (counted workers, at least 3)" {
+		t.Errorf("String() = %q", s)
+	}
+	if s := Mode(9).String(); s != "Mode(9)" {
+		t.Errorf("Mode(9).String() = %q", s)
+	}
+}
+
+var _ http.RoundTripper = (*Transport)(nil)
