@@ -2,10 +2,12 @@ package quota
 
 import (
 	"context"
+	"log/slog"
 	"runtime"
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/sharedquota/quota/internal/redistest"
 )
 
@@ -65,4 +67,26 @@ func BenchmarkAcquire(b *testing.B) {
 		})
 		b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "acq/s")
 	})
+}
+
+// BenchmarkWaitDegraded is the cost of an acquisition while Redis is
+// unavailable and the breaker is open: the policy's alone, no Redis timeout.
+func BenchmarkWaitDegraded(b *testing.B) {
+	srv := redistest.Start(b)
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr(), MaxRetries: -1, DialerRetries: 1})
+	defer rdb.Close()
+	srv.Kill()
+	ctx := context.Background()
+	for _, p := range []Policy{FallbackLocal(4), FailOpen, FailClosed} {
+		b.Run(p.mode().String(), func(b *testing.B) {
+			l := NewLimiter(rdb, WithPolicy(p), WithLogger(slog.New(slog.DiscardHandler)))
+			_ = l.Wait(ctx, "bench", unlimited) // trips the breaker
+			if l.Mode() != p.mode() {
+				b.Fatalf("mode %v, want %v", l.Mode(), p.mode())
+			}
+			for b.Loop() {
+				_ = l.Wait(ctx, "bench", unlimited)
+			}
+		})
+	}
 }

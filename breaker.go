@@ -22,12 +22,13 @@ const (
 )
 
 // remindEvery is how often, at most, a Limiter repeats that it is degraded.
-var remindEvery = time.Minute
-
 // probeIdle is how long the probe goes on without a request before it stops;
 // the next request starts it again, so an abandoned Limiter leaves nothing
 // running.
-var probeIdle = time.Minute
+const (
+	remindEvery = time.Minute
+	probeIdle   = time.Minute
+)
 
 // health is a Limiter's breaker in front of Redis. After a Redis call fails
 // as unavailable, requests go straight to the Policy, paying no Redis
@@ -35,8 +36,9 @@ var probeIdle = time.Minute
 // when Redis answers, the shared bucket takes over again. Every change of
 // mode is logged once, and a reminder at most once a minute while degraded.
 type health struct {
-	l      *Limiter
-	client string // the Redis address(es), for the logs
+	l           *Limiter
+	client      string // the Redis address(es), for the logs
+	remindEvery time.Duration
 
 	state   atomic.Int32 // a Mode
 	served  atomic.Int64 // requests the policy let through in this outage
@@ -53,6 +55,7 @@ type health struct {
 func (h *health) init(l *Limiter, rdb redis.Scripter) {
 	h.l = l
 	h.client = describeClient(rdb)
+	h.remindEvery = remindEvery
 }
 
 func (h *health) mode() Mode { return Mode(h.state.Load()) }
@@ -131,7 +134,7 @@ func isUnavailable(err error) bool {
 
 func (h *health) remind(cause error) {
 	h.mu.Lock()
-	due := time.Since(h.reminded) >= remindEvery
+	due := time.Since(h.reminded) >= h.remindEvery
 	if due {
 		h.reminded = time.Now()
 		h.cause = cause

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math"
 	"os"
 	"os/exec"
@@ -86,6 +87,12 @@ func maxInWindow(grants []time.Time, w time.Duration) int {
 	return best
 }
 
+// stampSlack widens the windows of the swarm assertions: a grant is stamped
+// when its sleeper wakes, which a loaded machine delays by up to a few tens
+// of milliseconds, so a window of stamps can hold the grants of a slightly
+// longer window of the schedule. At 10/s it adds nothing; at 200/s, five.
+const stampSlack = 25 * time.Millisecond
+
 // bound is the most grants a bucket of lim may issue in a window of w.
 func bound(lim Limit, w time.Duration) int {
 	lim, _ = lim.resolve()
@@ -109,7 +116,7 @@ func TestSwarmNeverOverIssues(t *testing.T) {
 // 1-second window and that the bucket was not simply starved.
 func checkSwarm(t *testing.T, grants []time.Time, lim Limit, d time.Duration) {
 	t.Helper()
-	got, limit := maxInWindow(grants, time.Second), bound(lim, time.Second)
+	got, limit := maxInWindow(grants, time.Second), bound(lim, time.Second+stampSlack)
 	t.Logf("%d grants in %v; at most %d in any 1s window (bound %d)", len(grants), d, got, limit)
 	if got > limit {
 		t.Errorf("%d grants in one 1s window, bound Burst+Rate = %d", got, limit)
@@ -150,7 +157,7 @@ func TestSwarmCatchesNaiveGetThenSet(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, limit := maxInWindow(grants, time.Second), bound(lim, time.Second)
+	got, limit := maxInWindow(grants, time.Second), bound(lim, time.Second+stampSlack)
 	t.Logf("naive get-then-set: %d grants, at most %d in a 1s window (bound %d)", len(grants), got, limit)
 	if got <= limit {
 		t.Errorf("the swarm assertion passed a get-then-set limiter: %d in a 1s window, bound %d", got, limit)
@@ -174,7 +181,7 @@ func TestSwarmWithLaggingCallerClocks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, limit := maxInWindow(grants, time.Second), bound(lim, time.Second)
+	got, limit := maxInWindow(grants, time.Second), bound(lim, time.Second+stampSlack)
 	t.Logf("%d grants, at most %d in a 1s window (bound %d)", len(grants), got, limit)
 	if got > limit {
 		t.Errorf("%d grants in one 1s window with lagging clocks, bound %d", got, limit)
@@ -232,7 +239,8 @@ func TestReportedWaitIsExact(t *testing.T) {
 func TestScriptFlushMidRun(t *testing.T) {
 	srv := redistest.Start(t)
 	rdb, admin := srv.Client(t), srv.Client(t)
-	l := NewLimiter(rdb)
+	logs := &logRecorder{}
+	l := NewLimiter(rdb, WithLogger(slog.New(logs)))
 	lim := Limit{Rate: 50, Burst: 5}
 	time.AfterFunc(500*time.Millisecond, func() { admin.ScriptFlush(context.Background()) })
 	time.AfterFunc(1000*time.Millisecond, func() { admin.ScriptFlush(context.Background()) })
@@ -244,6 +252,9 @@ func TestScriptFlushMidRun(t *testing.T) {
 	}
 	if len(grants) < 50 {
 		t.Errorf("%d grants, want about 80", len(grants))
+	}
+	if l.Mode() != ModeShared || len(logs.recs) > 0 {
+		t.Errorf("SCRIPT FLUSH changed the mode to %v:\n%s", l.Mode(), logs)
 	}
 }
 
@@ -352,7 +363,7 @@ func TestSwarmAcrossProcessesCatchesNaive(t *testing.T) {
 	lim := Limit{Rate: 10, Burst: 5}
 	reports := runWorkers(t, 3, workerSpec{Addr: srv.Addr(), Key: "naive-procs", Limit: lim, Goroutines: 10, Duration: 2 * time.Second, Naive: true})
 	grants := mergeGrants(reports)
-	got, limit := maxInWindow(grants, time.Second), bound(lim, time.Second)
+	got, limit := maxInWindow(grants, time.Second), bound(lim, time.Second+stampSlack)
 	t.Logf("naive across 3 processes: %d grants, at most %d in a 1s window (bound %d)", len(grants), got, limit)
 	if got <= limit {
 		t.Errorf("the cross-process assertion passed a get-then-set limiter: %d in a 1s window, bound %d", got, limit)

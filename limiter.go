@@ -111,11 +111,11 @@ func (l *Limiter) WaitN(ctx context.Context, key string, lim Limit, n float64) (
 		r, trips, err := l.bucketCall(ctx, rkey, opTake, lim, n, maxWait.Microseconds())
 		span.trips += trips
 		if err != nil {
-			if err = l.classify(ctx, err); errors.Is(err, ErrUnavailable) {
-				l.health.trip(key, rkey, err)
-				continue // the policy serves this request too
+			if cerr := l.classify(ctx, err); !errors.Is(cerr, ErrUnavailable) {
+				return cerr
 			}
-			return err
+			l.health.trip(key, rkey, err)
+			continue // the policy serves this request too
 		}
 		l.workers.heartbeat()
 		if r.granted {

@@ -208,9 +208,8 @@ func TestOutageLogRecord(t *testing.T) {
 }
 
 func TestReminderWhileDegraded(t *testing.T) {
-	defer func(d time.Duration) { remindEvery = d }(remindEvery)
-	remindEvery = 200 * time.Millisecond
 	mr, l, logs := degradedMini(t, FailOpen)
+	l.health.remindEvery = 200 * time.Millisecond
 	mr.Close()
 	end := time.Now().Add(time.Second)
 	for time.Now().Before(end) {

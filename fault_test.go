@@ -1,0 +1,400 @@
+package quota
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/sharedquota/quota/internal/faultproxy"
+	"github.com/sharedquota/quota/internal/redistest"
+)
+
+// The fault tests run workers, each a Transport with a Limiter and a Redis
+// client of its own, against a provider that records when requests arrive,
+// and break the real redis-server under them.
+
+// provider is an HTTP server that records arrival times.
+type provider struct {
+	*httptest.Server
+	mu       sync.Mutex
+	arrivals []time.Time
+}
+
+func newProvider(t *testing.T) *provider {
+	p := &provider{}
+	p.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		p.mu.Lock()
+		p.arrivals = append(p.arrivals, time.Now())
+		p.mu.Unlock()
+	}))
+	t.Cleanup(p.Close)
+	return p
+}
+
+// between returns the arrivals in [from, to), sorted.
+func (p *provider) between(from, to time.Time) []time.Time {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []time.Time
+	for _, a := range p.arrivals {
+		if !a.Before(from) && a.Before(to) {
+			out = append(out, a)
+		}
+	}
+	slices.SortFunc(out, func(a, b time.Time) int { return a.Compare(b) })
+	return out
+}
+
+// worker is one member of the fleet.
+type worker struct {
+	tr   *Transport
+	logs *logRecorder
+}
+
+func newWorkers(t *testing.T, n int, addr string, lim Limit, p Policy, opts func(*redis.Options)) []worker {
+	var ws []worker
+	for range n {
+		o := limiterOptions(addr)
+		if opts != nil {
+			opts(o)
+		}
+		rdb := redis.NewClient(o)
+		t.Cleanup(func() { rdb.Close() })
+		logs := &logRecorder{}
+		ws = append(ws, worker{NewTransport(rdb, lim, WithPolicy(p), WithLogger(slog.New(logs))), logs})
+	}
+	return ws
+}
+
+// result is what one request through a worker came to.
+type result struct {
+	start time.Time
+	took  time.Duration
+	err   error
+}
+
+// drive sends requests through every worker from goroutines each, until
+// stop is closed, and returns what each request came to.
+func drive(ws []worker, goroutines int, url string, stop <-chan struct{}) []result {
+	var (
+		mu  sync.Mutex
+		res []result
+		wg  sync.WaitGroup
+	)
+	for _, w := range ws {
+		client := &http.Client{Transport: w.tr}
+		for range goroutines {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					start := time.Now()
+					resp, err := client.Post(url, "text/plain", strings.NewReader("x"))
+					if err == nil {
+						resp.Body.Close()
+					} else {
+						time.Sleep(time.Millisecond) // a refusing worker does not spin
+					}
+					mu.Lock()
+					res = append(res, result{start, time.Since(start), err})
+					mu.Unlock()
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	return res
+}
+
+// logTime returns when the first record containing msg was written.
+func logTime(t *testing.T, logs *logRecorder, msg string) time.Time {
+	t.Helper()
+	r, ok := logs.first(msg)
+	if !ok {
+		t.Fatalf("no record %q:\n%s", msg, logs)
+	}
+	return r.Time
+}
+
+func checkTransitions(t *testing.T, ws []worker, level slog.Level) {
+	t.Helper()
+	for i, w := range ws {
+		down, up := w.logs.count(level, "Redis unavailable"), w.logs.count(slog.LevelInfo, "available again")
+		if down != 1 || up != 1 {
+			t.Errorf("worker %d: %d outage and %d recovery records, want one each:\n%s", i, down, up, w.logs)
+		}
+	}
+}
+
+func TestFaultKilledAndRestarted(t *testing.T) {
+	srv := redistest.Start(t)
+	prov := newProvider(t)
+	lim := Limit{Rate: 20, Burst: 10}
+	const workers = 2
+	ws := newWorkers(t, workers, srv.Addr(), lim, FallbackLocal(workers), nil)
+
+	stop := make(chan struct{})
+	done := make(chan []result)
+	start := time.Now()
+	go func() { done <- drive(ws, 5, prov.URL, stop) }()
+
+	time.Sleep(1500 * time.Millisecond)
+	srv.Kill()
+	killed := time.Now()
+	time.Sleep(2 * time.Second)
+	srv.Restart()
+	restarted := time.Now()
+	time.Sleep(2 * time.Second)
+	close(stop)
+	<-done
+	end := time.Now()
+
+	for i, w := range ws {
+		if m := w.tr.Limiter().Mode(); m != ModeShared {
+			t.Errorf("worker %d: mode %v after the restart, want shared", i, m)
+		}
+		t.Logf("worker %d: outage detected %v after the kill, shared again %v after the restart",
+			i, logTime(t, w.logs, "Redis unavailable").Sub(killed), logTime(t, w.logs, "available again").Sub(restarted))
+	}
+	checkTransitions(t, ws, slog.LevelWarn)
+
+	// The local shares start full: their bursts come on top of the bound.
+	localBursts := workers * int(lim.Burst/workers)
+	all := prov.between(start, end)
+	got, limit := maxInWindow(all, time.Second), bound(lim, time.Second+stampSlack)+localBursts
+	t.Logf("provider: %d requests; at most %d in any 1s window (bound Burst+Rate+local bursts = %d)", len(all), got, limit)
+	if got > limit {
+		t.Errorf("%d requests in a 1s window, bound %d", got, limit)
+	}
+	outage := prov.between(killed.Add(200*time.Millisecond), restarted)
+	t.Logf("during the outage: %d requests in %v, at most %d in any 1s window", len(outage), restarted.Sub(killed), maxInWindow(outage, time.Second))
+	if want := int(0.5 * lim.Rate * restarted.Sub(killed).Seconds()); len(outage) < want {
+		t.Errorf("%d requests during the outage, want at least %d: the fallback stalled", len(outage), want)
+	}
+	if after := prov.between(restarted.Add(time.Second), end); len(after) < int(0.5*lim.Rate) {
+		t.Errorf("%d requests in the last second, want the shared bucket's rate", len(after))
+	}
+}
+
+func TestFaultHung(t *testing.T) {
+	const readTimeout = 200 * time.Millisecond
+	for _, tc := range []struct {
+		name      string
+		hang, end func()
+		addr      string
+	}{
+		{name: "SIGSTOP"},
+		{name: "blackhole"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := redistest.Start(t)
+			addr := srv.Addr()
+			hang, resume := srv.Pause, srv.Resume
+			if tc.name == "blackhole" {
+				proxy := faultproxy.New(t, srv.Addr())
+				addr = proxy.Addr()
+				hang, resume = func() { proxy.Blackhole(true) }, func() { proxy.Blackhole(false) }
+			}
+			prov := newProvider(t)
+			// A bucket that never makes anyone wait: every millisecond a
+			// request takes beyond the provider's is the limiter's.
+			lim := Limit{Rate: 10_000, Burst: 10_000}
+			ws := newWorkers(t, 2, addr, lim, FallbackLocal(2), func(o *redis.Options) {
+				o.ReadTimeout, o.WriteTimeout = readTimeout, readTimeout
+			})
+
+			stop := make(chan struct{})
+			done := make(chan []result)
+			go func() { done <- drive(ws, 5, prov.URL, stop) }()
+			time.Sleep(500 * time.Millisecond)
+			hang()
+			hung := time.Now()
+			time.Sleep(1500 * time.Millisecond)
+			resume()
+			resumed := time.Now()
+			time.Sleep(1500 * time.Millisecond)
+			close(stop)
+			res := <-done
+
+			var worst, degraded time.Duration
+			var n int
+			for _, r := range res {
+				if r.err != nil {
+					t.Errorf("a request failed: %v", r.err)
+					break
+				}
+				worst = max(worst, r.took)
+				if r.start.After(hung.Add(2*readTimeout)) && r.start.Before(resumed) {
+					degraded = max(degraded, r.took)
+					n++
+				}
+			}
+			for i, w := range ws {
+				t.Logf("worker %d: outage detected %v after the hang, shared again %v after Redis answered",
+					i, logTime(t, w.logs, "Redis unavailable").Sub(hung), logTime(t, w.logs, "available again").Sub(resumed))
+			}
+			t.Logf("slowest request %v (Redis read timeout %v); slowest of %d while degraded %v", worst, readTimeout, n, degraded)
+			if worst > readTimeout+150*time.Millisecond {
+				t.Errorf("a request took %v, want at most the read timeout %v and a margin", worst, readTimeout)
+			}
+			if degraded > 20*time.Millisecond {
+				t.Errorf("a request took %v while degraded, want no Redis timeout paid", degraded)
+			}
+			checkTransitions(t, ws, slog.LevelWarn)
+		})
+	}
+}
+
+func TestFaultFailClosed(t *testing.T) {
+	srv := redistest.Start(t)
+	prov := newProvider(t)
+	ws := newWorkers(t, 1, srv.Addr(), Limit{Rate: 10_000, Burst: 10_000}, FailClosed, nil)
+	client := &http.Client{Transport: ws[0].tr}
+	post := func() (time.Duration, *bodyRecorder, error) {
+		body := &bodyRecorder{Reader: strings.NewReader("x")}
+		req, _ := http.NewRequest("POST", prov.URL, body)
+		start := time.Now()
+		resp, err := client.Do(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		return time.Since(start), body, err
+	}
+	if _, _, err := post(); err != nil {
+		t.Fatal(err)
+	}
+	srv.Kill()
+	down := time.Now()
+	var slowest time.Duration
+	for i := range 200 {
+		took, body, err := post()
+		if !errors.Is(err, ErrUnavailable) {
+			t.Fatalf("request %d during the outage: err = %v, want ErrUnavailable", i, err)
+		}
+		if !body.closed.Load() {
+			t.Fatalf("request %d: body not closed", i)
+		}
+		if i > 0 {
+			slowest = max(slowest, took)
+		}
+	}
+	if n := len(prov.between(down, time.Now())); n != 0 {
+		t.Errorf("%d requests reached the provider while failing closed", n)
+	}
+	t.Logf("slowest refusal after the first: %v", slowest)
+	if slowest > 10*time.Millisecond {
+		t.Errorf("a refusal took %v, want it fast", slowest)
+	}
+	srv.Restart()
+	waitForMode(t, ws[0].tr.Limiter(), ModeShared, 3*time.Second)
+	if _, _, err := post(); err != nil {
+		t.Fatal(err)
+	}
+	checkTransitions(t, ws, slog.LevelError)
+}
+
+func TestFaultFailOpen(t *testing.T) {
+	srv := redistest.Start(t)
+	prov := newProvider(t)
+	ws := newWorkers(t, 1, srv.Addr(), Limit{Rate: 1, Burst: 1}, FailOpen, nil)
+	client := &http.Client{Transport: ws[0].tr}
+	srv.Kill()
+	for i := range 20 {
+		resp, err := client.Get(prov.URL)
+		if err != nil {
+			t.Fatalf("request %d while failing open: %v", i, err)
+		}
+		resp.Body.Close()
+	}
+	if n := len(prov.between(time.Time{}, time.Now())); n != 20 {
+		t.Errorf("%d requests reached the provider, want all 20", n)
+	}
+	if n := ws[0].logs.count(slog.LevelError, "UNLIMITED"); n != 1 {
+		t.Errorf("%d records that requests pass unlimited, want 1:\n%s", n, ws[0].logs)
+	}
+}
+
+// A reply lost after the script ran (a read timeout) leaves its tokens
+// taken: the bucket under-issues, never over-issues. go-redis retries a
+// timed-out read MaxRetries times, and each retry can take them again.
+func TestFaultLostReply(t *testing.T) {
+	for _, tc := range []struct {
+		retries int
+		taken   int // tokens the lost reply costs
+		fails   bool
+	}{
+		{retries: -1, taken: 1, fails: true},
+		{retries: 3, taken: 2, fails: false}, // the retry's reply arrives
+	} {
+		srv := redistest.Start(t)
+		admin := srv.Client(t)
+		proxy := faultproxy.New(t, srv.Addr())
+		ws := newWorkers(t, 1, proxy.Addr(), Limit{Rate: 1, Burst: 10}, FailClosed, func(o *redis.Options) {
+			o.MaxRetries = tc.retries
+			o.ReadTimeout = 200 * time.Millisecond
+		})
+		l, ctx := ws[0].tr.Limiter(), context.Background()
+		lim := Limit{Rate: 1, Burst: 10}
+		if err := l.Wait(ctx, "lost", lim); err != nil {
+			t.Fatal(err)
+		}
+		before, _ := admin.Get(ctx, "quota:{lost}").Float64()
+		proxy.DropNextReplies(1)
+		err := l.Wait(ctx, "lost", lim)
+		after, _ := admin.Get(ctx, "quota:{lost}").Float64()
+		taken := (after - before) / 1e6 // one token is a second of refill
+		t.Logf("MaxRetries %d: Wait returned %v; the bucket lost %.3f tokens", tc.retries, err, taken)
+		if tc.fails != (err != nil) {
+			t.Errorf("MaxRetries %d: err = %v", tc.retries, err)
+		}
+		if taken < float64(tc.taken)-0.001 || taken > float64(tc.taken)+0.001 {
+			t.Errorf("MaxRetries %d: a lost reply took %.3f tokens, want %d", tc.retries, taken, tc.taken)
+		}
+	}
+}
+
+func TestFaultRestartedEmptyStartsFull(t *testing.T) {
+	srv := redistest.Start(t)
+	ws := newWorkers(t, 1, srv.Addr(), Limit{Rate: 1, Burst: 5}, FailClosed, nil)
+	l, ctx := ws[0].tr.Limiter(), context.Background()
+	lim := Limit{Rate: 1, Burst: 5}
+	if err := l.WaitN(ctx, "empty", lim, 5); err != nil {
+		t.Fatal(err)
+	}
+	srv.Kill()
+	srv.Restart()
+	// The bucket was empty before the restart; Redis forgot it, and it
+	// releases a whole burst at once. (The first call may find a connection
+	// of the old server and trip the breaker: then ask again once the
+	// shared bucket is back.)
+	for {
+		short, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+		start := time.Now()
+		err := l.WaitN(short, "empty", lim, 5)
+		cancel()
+		if errors.Is(err, ErrUnavailable) {
+			waitForMode(t, l, ModeShared, 3*time.Second)
+			continue
+		}
+		if err != nil {
+			t.Fatalf("a burst of 5 after the restart: %v", err)
+		}
+		t.Logf("a full burst of 5 granted in %v after the restart", time.Since(start))
+		break
+	}
+}
