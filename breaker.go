@@ -160,8 +160,9 @@ func (h *health) recover() {
 	h.mu.Lock()
 	since := h.since
 	h.mu.Unlock()
-	h.l.locals.reset()
+	h.l.settleLocal()
 	h.state.Store(int32(ModeShared))
+	h.l.locals.reset()
 	h.l.cfg.logger.LogAttrs(context.Background(), slog.LevelInfo, "quota: Redis available again, the shared bucket resumed",
 		slog.String("redis", h.client),
 		slog.Duration("after", time.Since(since).Round(time.Millisecond)),

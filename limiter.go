@@ -119,6 +119,9 @@ func (l *Limiter) WaitN(ctx context.Context, key string, lim Limit, n float64) (
 		}
 		l.workers.heartbeat()
 		if r.granted {
+			if l.cfg.policy.mode() == ModeLocal {
+				l.locals.granted(key, time.Now().Add(r.wait))
+			}
 			span.wait = r.wait
 			if err := sleep(ctx, r.wait); err != nil {
 				go l.refund(context.WithoutCancel(ctx), rkey, lim, n, r.tat)
@@ -184,6 +187,22 @@ func (l *Limiter) localWait(ctx context.Context, key string, lim Limit, n float6
 	}
 	l.health.served.Add(1)
 	return nil
+}
+
+// settleLocal charges the shared bucket, when it resumes, with the tokens
+// the local fallback has promised to callers still sleeping, so that their
+// grants and the shared bucket's do not overlap. The charge runs into debt:
+// it waits for nothing.
+func (l *Limiter) settleLocal() {
+	for _, o := range l.locals.owing() {
+		rkey, err := l.redisKey(o.key)
+		if err != nil {
+			continue
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), probeTimeout)
+		_, _, _ = l.bucketCall(ctx, rkey, opTake, o.lim, o.tokens, math.MaxInt64)
+		cancel()
+	}
 }
 
 // refund hands n tokens taken at tat back to the bucket after the caller

@@ -1,12 +1,6 @@
 package quota
 
-import (
-	"fmt"
-	"math"
-	"sync"
-
-	"golang.org/x/time/rate"
-)
+import "fmt"
 
 // A Mode is how a Limiter grants tokens at the moment.
 type Mode int
@@ -66,7 +60,12 @@ var (
 // unavailable, at each bucket's Rate and Burst divided by workers, the
 // number of processes that share the buckets. It keeps the fleet moving at
 // a reduced rate; the fleet stays within the limit as long as no more than
-// workers processes run. It panics if workers is less than 1.
+// workers processes run.
+//
+// A local share starts empty when the outage begins, and only after the
+// last grant this process had from the shared bucket falls due, so the
+// change of mode adds no burst of its own. A share of the burst below one
+// token is rounded up to one. It panics if workers is less than 1.
 func FallbackLocal(workers int) Policy {
 	if workers < 1 {
 		panic(fmt.Sprintf("quota: FallbackLocal(%d): want at least one worker", workers))
@@ -111,44 +110,4 @@ func (p Policy) mode() Mode {
 		return ModeClosed
 	}
 	return p.degraded
-}
-
-// localLimiters holds the in-process limiters of FallbackLocal, one per
-// bucket, created when first needed.
-type localLimiters struct {
-	mu sync.Mutex
-	m  map[string]*localLimiter
-}
-
-type localLimiter struct {
-	lim     Limit
-	workers int
-	*rate.Limiter
-}
-
-// get returns the local limiter for the bucket named key at lim divided by
-// workers.
-func (ls *localLimiters) get(key string, lim Limit, workers int) *rate.Limiter {
-	ls.mu.Lock()
-	defer ls.mu.Unlock()
-	if l, ok := ls.m[key]; ok && l.lim == lim && l.workers == workers {
-		return l.Limiter
-	}
-	if ls.m == nil {
-		ls.m = make(map[string]*localLimiter)
-	}
-	w := float64(workers)
-	// rate.Limiter counts whole tokens: a share of the burst below one
-	// token would refuse every request, so round it up to one.
-	l := &localLimiter{lim: lim, workers: workers, Limiter: rate.NewLimiter(rate.Limit(lim.Rate/w), int(math.Max(1, math.Floor(lim.Burst/w))))}
-	ls.m[key] = l
-	return l.Limiter
-}
-
-// reset forgets every local limiter, so that the next outage starts them
-// afresh with the divisor of its time.
-func (ls *localLimiters) reset() {
-	ls.mu.Lock()
-	ls.m = nil
-	ls.mu.Unlock()
 }
