@@ -75,10 +75,11 @@ func WithMaxWait(d time.Duration) Option {
 }
 
 // WithClock makes the script use now, the callers' clock, instead of the
-// Redis server's TIME. Use it only where the server refuses TIME in scripts:
-// a caller whose clock runs ahead of the others' credits itself tokens early.
-// The bucket's state never moves backwards, so a caller whose clock lags only
-// waits longer. It panics if now is nil.
+// Redis server's TIME. Use it only where the server refuses TIME in scripts.
+// The bucket's state never moves backwards, but callers whose clocks
+// disagree by up to S can together be granted up to S*Rate tokens more than
+// the bucket allows in a window: a take stamped in one caller's past looks
+// already refilled to a caller whose clock is ahead. It panics if now is nil.
 func WithClock(now func() time.Time) Option {
 	if now == nil {
 		panic("quota: WithClock(nil)")

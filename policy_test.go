@@ -309,15 +309,26 @@ func TestCountingWorkers(t *testing.T) {
 	if d := ls[0].workers.divisor(policy); d != 2 {
 		t.Errorf("divisor before any count = %d, want the floor 2", d)
 	}
-	for _, l := range ls {
+	for i, l := range ls {
 		if err := l.Wait(context.Background(), "k", PerSecond(100)); err != nil {
 			t.Fatal(err)
 		}
+		// The announcements run in the background: let each land before the
+		// next, so that the last Limiter counts all five.
+		for deadline := time.Now().Add(2 * time.Second); ; time.Sleep(time.Millisecond) {
+			if m, _ := mr.ZMembers("quota:workers"); len(m) == i+1 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("worker %d did not announce itself", i+1)
+			}
+		}
 	}
-	time.Sleep(100 * time.Millisecond) // the announcements run in the background
 	l := ls[len(ls)-1]
-	if d := l.workers.divisor(policy); d != 5 {
-		t.Errorf("divisor after 5 workers announced themselves = %d, want 5", d)
+	for deadline := time.Now().Add(2 * time.Second); l.workers.divisor(policy) != 5; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("divisor after 5 workers announced themselves = %d, want 5", l.workers.divisor(policy))
+		}
 	}
 	if n, _ := mr.ZMembers("quota:workers"); len(n) != 5 {
 		t.Errorf("%d announcements in Redis, want 5", len(n))

@@ -10,18 +10,23 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// script runs one Lua script on one Redis client. It loads the script once
-// before its first use, however many goroutines start at once, and falls
-// back to EVAL when a server has lost it (SCRIPT FLUSH, a restart, a
-// failover to a node that never saw it); EVAL caches it there again.
+// script runs one Lua script on one Redis client with EVALSHA, falling back
+// to EVAL when a server does not have it (the first use, SCRIPT FLUSH, a
+// restart, a failover to a node that never saw it); EVAL caches it there.
+//
+// The first call sends the script with EVAL while concurrent callers wait
+// for it, so however many goroutines start at once the script is sent once,
+// and priming costs no command beyond the call itself. (SCRIPT LOAD would
+// cost one more, and on a Cluster it goes to every node, replicas included,
+// failing when any of them is down.)
 type script struct {
 	rdb redis.Scripter
 	src string
 	sha string
 
 	mu      sync.Mutex
-	loaded  bool
-	loading chan struct{} // closed when the load in flight ends
+	primed  bool
+	priming chan struct{} // closed when the first call ends
 }
 
 func newScript(rdb redis.Scripter, src string) *script {
@@ -32,51 +37,53 @@ func newScript(rdb redis.Scripter, src string) *script {
 // run runs the script and returns its command and the number of Redis round
 // trips it took.
 func (s *script) run(ctx context.Context, keys []string, args ...any) (*redis.Cmd, int) {
-	trips, err := s.load(ctx)
-	if err != nil {
+	if s.prime(ctx) {
+		cmd := s.rdb.Eval(ctx, s.src, keys, args...)
+		s.primeDone(cmd.Err())
+		return cmd, 1
+	}
+	if err := ctx.Err(); err != nil {
 		cmd := redis.NewCmd(ctx)
 		cmd.SetErr(err)
-		return cmd, trips
+		return cmd, 0
 	}
 	cmd := s.rdb.EvalSha(ctx, s.sha, keys, args...)
-	trips++
-	if isNoScript(cmd.Err()) {
-		cmd = s.rdb.Eval(ctx, s.src, keys, args...)
-		trips++
+	if !isNoScript(cmd.Err()) {
+		return cmd, 1
 	}
-	return cmd, trips
+	return s.rdb.Eval(ctx, s.src, keys, args...), 2
 }
 
-// load sends the script to the server once. Concurrent callers wait for the
-// one load in flight instead of sending their own; a failed load is tried
-// again by the next caller.
-func (s *script) load(ctx context.Context) (trips int, err error) {
+// prime reports whether the caller is to send the script with EVAL as the
+// first call. A caller that finds the first call in flight waits for it.
+func (s *script) prime(ctx context.Context) bool {
 	s.mu.Lock()
-	if s.loaded {
+	if s.primed {
 		s.mu.Unlock()
-		return 0, nil
+		return false
 	}
-	if wait := s.loading; wait != nil {
+	if wait := s.priming; wait != nil {
 		s.mu.Unlock()
 		select {
 		case <-wait:
-			return 0, nil // on failure, EVALSHA falls back to EVAL or fails alike
 		case <-ctx.Done():
-			return 0, ctx.Err()
 		}
+		return false
 	}
-	done := make(chan struct{})
-	s.loading = done
+	s.priming = make(chan struct{})
 	s.mu.Unlock()
+	return true
+}
 
-	err = s.rdb.ScriptLoad(ctx, s.src).Err()
-
+// primeDone ends the first call. When the server answered, the script is
+// cached there; when it did not, the next caller primes again.
+func (s *script) primeDone(err error) {
+	var reply redis.Error
 	s.mu.Lock()
-	s.loaded = err == nil
-	s.loading = nil
+	s.primed = err == nil || errors.As(err, &reply)
+	close(s.priming)
+	s.priming = nil
 	s.mu.Unlock()
-	close(done)
-	return 1, err
 }
 
 func isNoScript(err error) bool {

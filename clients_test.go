@@ -1,0 +1,520 @@
+package quota
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/sharedquota/quota/internal/redistest"
+)
+
+// The client tests run the Limiter, unchanged, on every kind of go-redis
+// client that NewLimiter accepts: a Cluster client, a Ring and a Sentinel
+// failover client, each on real redis-server processes.
+
+// slowLimit grants one token and the next one 100 s later, so that a bucket
+// key written by one Wait outlives the test and a second Wait within a
+// short deadline is refused.
+var slowLimit = Limit{Rate: 0.01, Burst: 1}
+
+// bucketNames returns n bucket names, one of them longer than maxNameLen.
+func bucketNames(n int) []string {
+	names := []string{"tenant-" + strings.Repeat("x", 2*maxNameLen)}
+	for i := 1; i < n; i++ {
+		names = append(names, fmt.Sprintf("tenant-%02d.example.com", i))
+	}
+	return names
+}
+
+// hashTag returns the part of a bucket's Redis key between its braces.
+func hashTag(rkey string) string {
+	_, tag, _ := strings.Cut(rkey, "{")
+	return strings.TrimSuffix(tag, "}")
+}
+
+// takeAndRefuse takes the only token of name's slowLimit bucket, then checks
+// that a second Wait within a short deadline is refused because the bucket
+// is empty: the state written by the first Wait is found again.
+func takeAndRefuse(t *testing.T, l *Limiter, name string) {
+	t.Helper()
+	ctx := context.Background()
+	if err := l.Wait(ctx, name, slowLimit); err != nil {
+		t.Fatalf("Wait(%.40q): %v", name, err)
+	}
+	short, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	defer cancel()
+	if err := l.Wait(short, name, slowLimit); !errors.Is(err, ErrWouldExceedDeadline) {
+		t.Fatalf("second Wait(%.40q) on an empty bucket: err = %v, want ErrWouldExceedDeadline", name, err)
+	}
+}
+
+// cmdCounter is a go-redis hook that counts the commands a client sends, by
+// name ("evalsha", "eval", "script load", ...).
+type cmdCounter struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+func newCmdCounter() *cmdCounter { return &cmdCounter{n: map[string]int{}} }
+
+func (c *cmdCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (c *cmdCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		c.count(cmd)
+		return next(ctx, cmd)
+	}
+}
+
+func (c *cmdCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		for _, cmd := range cmds {
+			c.count(cmd)
+		}
+		return next(ctx, cmds)
+	}
+}
+
+func (c *cmdCounter) count(cmd redis.Cmder) {
+	name := cmd.Name()
+	if args := cmd.Args(); name == "script" && len(args) > 1 {
+		name += " " + strings.ToLower(fmt.Sprint(args[1]))
+	}
+	c.mu.Lock()
+	c.n[name]++
+	c.mu.Unlock()
+}
+
+// get returns how many commands named name were sent.
+func (c *cmdCounter) get(name string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.n[name]
+}
+
+// total returns how many commands were sent.
+func (c *cmdCounter) total() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := 0
+	for _, v := range c.n {
+		n += v
+	}
+	return n
+}
+
+func (c *cmdCounter) reset() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	clear(c.n)
+}
+
+func (c *cmdCounter) String() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var parts []string
+	for name, v := range c.n {
+		parts = append(parts, fmt.Sprintf("%s=%d", name, v))
+	}
+	slices.Sort(parts)
+	return strings.Join(parts, " ")
+}
+
+// slotOwners returns, from CLUSTER SHARDS, a function that maps a slot to
+// the address of the master serving it.
+func slotOwners(t *testing.T, cc *redis.ClusterClient) func(slot int64) string {
+	t.Helper()
+	shards, err := cc.ClusterShards(context.Background()).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return func(slot int64) string {
+		for _, sh := range shards {
+			for _, r := range sh.Slots {
+				if slot < r.Start || slot > r.End {
+					continue
+				}
+				for _, n := range sh.Nodes {
+					if n.Role == "master" {
+						return net.JoinHostPort(n.IP, strconv.FormatInt(n.Port, 10))
+					}
+				}
+			}
+		}
+		return ""
+	}
+}
+
+func TestClusterClient(t *testing.T) {
+	cluster := redistest.StartCluster(t, 3, 1)
+	cc, admin := cluster.Client(t), cluster.Client(t)
+	cmds := newCmdCounter()
+	cc.AddHook(cmds)
+	l := NewLimiter(cc)
+	ctx := context.Background()
+	owner := slotOwners(t, admin)
+
+	// Buckets of many names spread over the slots and the masters; each
+	// bucket's key lives on the master serving its slot.
+	names := bucketNames(60)
+	slots := map[int64]bool{}
+	onMaster := map[string]int{} // master address: bucket keys it serves
+	direct := map[string]*redis.Client{}
+	for _, name := range names {
+		rkey, err := l.redisKey(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		slot, err := admin.ClusterKeySlot(ctx, rkey).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		tagSlot, err := admin.ClusterKeySlot(ctx, hashTag(rkey)).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if slot != tagSlot {
+			t.Errorf("%.40q: key in slot %d, its hash tag %.40q in slot %d", rkey, slot, hashTag(rkey), tagSlot)
+		}
+		master := cluster.MasterFor(rkey)
+		if got := owner(slot); got != master.Addr() {
+			t.Errorf("%.40q: slot %d served by %s per CLUSTER SHARDS, by %s per CLUSTER NODES", rkey, slot, got, master.Addr())
+		}
+		slots[slot] = true
+		onMaster[master.Addr()]++
+		if direct[master.Addr()] == nil {
+			direct[master.Addr()] = master.Client(t)
+		}
+
+		takeAndRefuse(t, l, name)
+		if n, err := direct[master.Addr()].Exists(ctx, rkey).Result(); err != nil || n != 1 {
+			t.Errorf("%.40q: EXISTS on its master %s = %d, %v; want 1", rkey, master.Addr(), n, err)
+		}
+	}
+	t.Logf("%d buckets in %d slots, keys per master %v; the Limiter sent %v", len(names), len(slots), onMaster, cmds)
+	if len(onMaster) < 3 {
+		t.Errorf("%d buckets landed on %d masters, want all 3", len(names), len(onMaster))
+	}
+	for addr, c := range direct {
+		if n, err := c.DBSize(ctx).Result(); err != nil || int(n) != onMaster[addr] {
+			t.Errorf("master %s holds %d keys (%v), want the %d bucket keys it serves", addr, n, err, onMaster[addr])
+		}
+	}
+	// The first Wait sends the script with EVAL; each other master learns it
+	// from one EVALSHA that finds NOSCRIPT and an EVAL. Every other Wait is
+	// one EVALSHA.
+	if waits, masters := 2*len(names), len(onMaster); cmds.get("eval") > masters || cmds.get("evalsha") != waits-1 || cmds.total() > waits+masters-1 {
+		t.Errorf("%d Waits sent %v; want at most %d eval, %d evalsha and nothing else", waits, cmds, masters, waits-1)
+	}
+
+	// The swarm property on one bucket, through the cluster client.
+	lim := Limit{Rate: 10, Burst: 5}
+	grants, err := swarm(ctx, 20, time.Now(), 3*time.Second, func(ctx context.Context) error {
+		return l.Wait(ctx, "cluster-swarm", lim)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkSwarm(t, grants, lim, 3*time.Second)
+}
+
+func TestNoScriptOnCluster(t *testing.T) {
+	cluster := redistest.StartCluster(t, 3, 1)
+	cc := cluster.Client(t)
+	cmds := newCmdCounter()
+	cc.AddHook(cmds)
+	logs := &logRecorder{}
+	l := NewLimiter(cc, WithLogger(slog.New(logs)))
+	ctx := context.Background()
+
+	masters := map[string]bool{}
+	names := bucketNames(30)
+	for _, name := range names {
+		rkey, _ := l.redisKey(name)
+		masters[cluster.MasterFor(rkey).Addr()] = true
+		takeAndRefuse(t, l, name)
+	}
+	if len(masters) < 3 {
+		t.Fatalf("%d buckets landed on %d masters, want all 3", len(names), len(masters))
+	}
+
+	flush := func() {
+		t.Helper()
+		err := cc.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
+			if err := m.ScriptFlush(ctx).Err(); err != nil {
+				return err
+			}
+			if ok, err := m.ScriptExists(ctx, l.bucket.sha).Result(); err != nil || ok[0] {
+				return fmt.Errorf("%s: SCRIPT EXISTS after SCRIPT FLUSH = %v, %v", m.Options().Addr, ok, err)
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cmds.reset()
+	}
+
+	// One by one: each master answers its first EVALSHA with NOSCRIPT, the
+	// EVAL that follows caches the script there again.
+	flush()
+	for _, name := range names {
+		short, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+		err := l.Wait(short, name, slowLimit)
+		cancel()
+		if !errors.Is(err, ErrWouldExceedDeadline) {
+			t.Fatalf("Wait(%.40q) after SCRIPT FLUSH on an empty bucket: err = %v, want ErrWouldExceedDeadline", name, err)
+		}
+		if err := l.Wait(ctx, name+"/after-flush", slowLimit); err != nil {
+			t.Fatalf("Wait(%.40q) after SCRIPT FLUSH: %v", name+"/after-flush", err)
+		}
+	}
+	waits := 2 * len(names)
+	t.Logf("%d sequential Waits after SCRIPT FLUSH on every master: %v", waits, cmds)
+	if evals := cmds.get("eval"); evals < 1 || evals > len(masters) {
+		t.Errorf("%d EVAL fallbacks, want one per master that lost the script, 1 to %d", evals, len(masters))
+	}
+	if cmds.get("evalsha") != waits || cmds.get("script load") != 0 {
+		t.Errorf("%d Waits sent %v, want one evalsha each and no script load", waits, cmds)
+	}
+
+	// At once: concurrent first callers on a master may each fall back to
+	// EVAL, and every Wait still succeeds.
+	flush()
+	const goroutines, each = 20, 5
+	var wg sync.WaitGroup
+	errs := make(chan error, goroutines)
+	for g := range goroutines {
+		wg.Go(func() {
+			for i := range each {
+				if err := l.Wait(ctx, fmt.Sprintf("concurrent-%d-%d", g, i), slowLimit); err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Errorf("concurrent Wait after SCRIPT FLUSH: %v", err)
+	}
+	t.Logf("%d concurrent Waits after SCRIPT FLUSH on every master: %v", goroutines*each, cmds)
+	if evals := cmds.get("eval"); evals < 1 || evals > goroutines {
+		t.Errorf("%d EVAL fallbacks, want 1 to %d", evals, goroutines)
+	}
+	if l.Mode() != ModeShared || logs.String() != "" {
+		t.Errorf("SCRIPT FLUSH changed the mode to %v:\n%s", l.Mode(), logs)
+	}
+}
+
+// The cluster worker process: the test binary re-executed with
+// clusterWorkerEnv set runs goroutines against one bucket through a
+// *redis.ClusterClient and prints a workerReport as JSON. TestMain only
+// knows workerEnv, so init dispatches this one before TestMain runs.
+
+const clusterWorkerEnv = "QUOTA_TEST_CLUSTER_WORKER"
+
+// clusterWorkerSpec is a workerSpec whose Redis is the cluster of Addrs;
+// its Addr and Naive are unused.
+type clusterWorkerSpec struct {
+	Addrs []string
+	workerSpec
+}
+
+func init() {
+	if env := os.Getenv(clusterWorkerEnv); env != "" {
+		os.Exit(runClusterWorker(env))
+	}
+}
+
+func runClusterWorker(env string) int {
+	redis.SetLogger(quietLogger{})
+	var spec clusterWorkerSpec
+	if err := json.Unmarshal([]byte(env), &spec); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: spec.Addrs, PoolSize: spec.Goroutines})
+	defer cc.Close()
+	var cmds atomic.Int64
+	cc.AddHook(countHook{&cmds})
+	l := NewLimiter(cc)
+	grants, err := swarm(context.Background(), spec.Goroutines, spec.Start, spec.Duration, func(ctx context.Context) error {
+		return l.Wait(ctx, spec.Key, spec.Limit)
+	})
+	rep := workerReport{Grants: grants, Commands: cmds.Load()}
+	if err != nil {
+		rep.Err = err.Error()
+	}
+	if err := json.NewEncoder(os.Stdout).Encode(rep); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	return 0
+}
+
+// runClusterWorkers runs procs cluster worker processes and returns their
+// reports.
+func runClusterWorkers(t *testing.T, procs int, spec clusterWorkerSpec) []workerReport {
+	t.Helper()
+	spec.Start = time.Now().Add(time.Second) // after every process is up
+	env, err := json.Marshal(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmds := make([]*exec.Cmd, procs)
+	outs := make([]*bufio.Reader, procs)
+	for i := range cmds {
+		cmd := exec.Command(os.Args[0], "-test.run=^$")
+		cmd.Env = append(os.Environ(), clusterWorkerEnv+"="+string(env))
+		cmd.Stderr = os.Stderr
+		out, err := cmd.StdoutPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = cmd.Process.Kill() }) // a worker left behind by a failure
+		cmds[i], outs[i] = cmd, bufio.NewReader(out)
+	}
+	reports := make([]workerReport, procs)
+	for i, cmd := range cmds {
+		if err := json.NewDecoder(outs[i]).Decode(&reports[i]); err != nil {
+			t.Fatalf("cluster worker %d: %v", i, err)
+		}
+		if err := cmd.Wait(); err != nil {
+			t.Fatalf("cluster worker %d: %v", i, err)
+		}
+		if reports[i].Err != "" {
+			t.Fatalf("cluster worker %d: %s", i, reports[i].Err)
+		}
+	}
+	return reports
+}
+
+func TestClusterAcrossProcesses(t *testing.T) {
+	cluster := redistest.StartCluster(t, 3, 1)
+	lim := Limit{Rate: 10, Burst: 5}
+	const procs = 3
+	reports := runClusterWorkers(t, procs, clusterWorkerSpec{
+		Addrs:      cluster.Addrs(),
+		workerSpec: workerSpec{Key: "cluster-procs", Limit: lim, Goroutines: 10, Duration: 3 * time.Second},
+	})
+	var grants, cmds int64
+	for i, r := range reports {
+		t.Logf("cluster worker %d: %d grants, %d commands", i, len(r.Grants), r.Commands)
+		grants += int64(len(r.Grants))
+		cmds += r.Commands
+	}
+	// Each Wait is one command: the first of each process an EVAL that
+	// sends the script, every other one an EVALSHA.
+	if cmds > grants {
+		t.Errorf("%d commands for %d grants in %d processes, want at most one per grant", cmds, grants, procs)
+	}
+	checkSwarm(t, mergeGrants(reports), lim, 3*time.Second)
+}
+
+func TestRingClient(t *testing.T) {
+	a, b := redistest.Start(t), redistest.Start(t)
+	ring := redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"a": a.Addr(), "b": b.Addr()}})
+	t.Cleanup(func() { _ = ring.Close() })
+	cmds := newCmdCounter()
+	ring.AddHook(cmds)
+	l := NewLimiter(ring)
+	ctx := context.Background()
+	shards := map[string]*redis.Client{"a": a.Client(t), "b": b.Client(t)}
+
+	// Each bucket's key lives on exactly one shard, and both shards hold
+	// some.
+	names := bucketNames(60)
+	onShard := map[string]int{}
+	for _, name := range names {
+		takeAndRefuse(t, l, name)
+		rkey, _ := l.redisKey(name)
+		var on []string
+		for shard, c := range shards {
+			if n, err := c.Exists(ctx, rkey).Result(); err != nil {
+				t.Fatal(err)
+			} else if n == 1 {
+				on = append(on, shard)
+			}
+		}
+		if len(on) != 1 {
+			t.Fatalf("%.40q is on shards %v, want exactly one", rkey, on)
+		}
+		onShard[on[0]]++
+	}
+	t.Logf("%d buckets, keys per shard %v; commands: %v", len(names), onShard, cmds)
+	for shard, c := range shards {
+		if n, err := c.DBSize(ctx).Result(); err != nil || int(n) != onShard[shard] || n == 0 {
+			t.Errorf("shard %s holds %d keys (%v), want the %d bucket keys found there, and some", shard, n, err, onShard[shard])
+		}
+	}
+	// The first Wait sends the script with EVAL to its shard; the other
+	// shard learns it from one EVALSHA that finds NOSCRIPT and an EVAL.
+	if waits := 2 * len(names); cmds.get("evalsha") != waits-1 || cmds.get("eval") > len(shards) {
+		t.Errorf("%d Waits sent %v; want %d evalsha and at most %d eval", waits, cmds, waits-1, len(shards))
+	}
+
+	lim := Limit{Rate: 10, Burst: 5}
+	grants, err := swarm(ctx, 20, time.Now(), 3*time.Second, func(ctx context.Context) error {
+		return l.Wait(ctx, "ring-swarm", lim)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkSwarm(t, grants, lim, 3*time.Second)
+}
+
+func TestFailoverClient(t *testing.T) {
+	sentinel := redistest.StartSentinel(t)
+	rdb := sentinel.FailoverClient(t)
+	l := NewLimiter(rdb)
+	ctx := context.Background()
+
+	// The bucket is written on the master and replicated, TIME and all.
+	takeAndRefuse(t, l, "failover-slow")
+	rkey, _ := l.redisKey("failover-slow")
+	want, err := sentinel.Master().Client(t).Get(ctx, rkey).Result()
+	if err != nil {
+		t.Fatalf("GET %s on the master: %v", rkey, err)
+	}
+	replica := sentinel.Replica().Client(t)
+	start := time.Now()
+	for {
+		got, err := replica.Get(ctx, rkey).Result()
+		if err == nil && got == want {
+			break
+		}
+		if time.Since(start) > 3*time.Second {
+			t.Fatalf("replica has %s = %q (%v) 3s later, master %q", rkey, got, err, want)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	t.Logf("bucket written on the master reached the replica within %v", time.Since(start).Round(time.Millisecond))
+
+	lim := Limit{Rate: 10, Burst: 5}
+	grants, err := swarm(ctx, 20, time.Now(), 2*time.Second, func(ctx context.Context) error {
+		return l.Wait(ctx, "failover-swarm", lim)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkSwarm(t, grants, lim, 2*time.Second)
+}
