@@ -17,6 +17,9 @@ lint:
 	@unformatted=$$(gofmt -l .); if [ -n "$$unformatted" ]; then echo "gofmt would change: $$unformatted"; exit 1; fi
 	$(GO) vet ./...
 	$(GO) run $(STATICCHECK) ./...
+	@# What a user's build compiles: no SDK, no test or example module.
+	@if $(GO) list -deps . | grep -E '^(go.opentelemetry.io/otel/sdk|github.com/alicebob/miniredis|github.com/hashicorp/go-retryablehttp|github.com/yuin/gopher-lua)'; then \
+		echo "the library imports a test-only module"; exit 1; fi
 
 redis:
 	@scripts/need-redis.sh

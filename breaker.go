@@ -55,6 +55,9 @@ type health struct {
 func (h *health) init(l *Limiter, rdb redis.Scripter) {
 	h.l = l
 	h.client = describeClient(rdb)
+	if l.cfg.name != "" {
+		h.client = l.cfg.name + " (" + h.client + ")"
+	}
 	h.remindEvery = remindEvery
 }
 

@@ -55,6 +55,11 @@ func NewLimiter(rdb redis.Scripter, opts ...Option) *Limiter {
 	}
 	l.health.init(l, rdb)
 	l.workers.init(rdb, cfg)
+	name := cfg.name
+	if name == "" {
+		name = l.health.client
+	}
+	observeMode(l, cfg.meterProvider, name)
 	return l
 }
 
@@ -80,6 +85,10 @@ func (l *Limiter) Wait(ctx context.Context, key string, lim Limit) error {
 // error matching ErrInvalidLimit, ErrInvalidTokens, ErrExceedsBurst or
 // ErrInvalidKey. While Redis is unavailable, the Limiter's Policy decides.
 func (l *Limiter) WaitN(ctx context.Context, key string, lim Limit, n float64) (err error) {
+	ctx, span := l.obs.start(ctx, key, n)
+	span.mode = l.health.mode()
+	defer func() { span.end(err) }()
+
 	rkey, err := l.redisKey(key)
 	if err != nil {
 		return err
@@ -87,15 +96,13 @@ func (l *Limiter) WaitN(ctx context.Context, key string, lim Limit, n float64) (
 	if lim, err = lim.resolve(); err != nil {
 		return err
 	}
+	span.limit(lim)
 	if err := lim.checkTokens(n); err != nil {
 		return err
 	}
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-
-	ctx, span := l.obs.start(ctx, key, lim, n)
-	defer func() { span.end(err) }()
 
 	for {
 		if mode := l.health.mode(); mode != ModeShared {
@@ -122,7 +129,6 @@ func (l *Limiter) WaitN(ctx context.Context, key string, lim Limit, n float64) (
 			if l.cfg.policy.mode() == ModeLocal {
 				l.locals.granted(key, time.Now().Add(r.wait))
 			}
-			span.wait = r.wait
 			if err := sleep(ctx, r.wait); err != nil {
 				go l.refund(context.WithoutCancel(ctx), rkey, lim, n, r.tat)
 				return err
@@ -210,7 +216,9 @@ func (l *Limiter) settleLocal() {
 func (l *Limiter) refund(ctx context.Context, rkey string, lim Limit, n float64, tat int64) {
 	ctx, cancel := context.WithTimeout(ctx, refundTimeout)
 	defer cancel()
-	_, _, _ = l.bucketCall(ctx, rkey, opRefund, lim, n, tat)
+	if _, _, err := l.bucketCall(ctx, rkey, opRefund, lim, n, tat); err == nil {
+		l.obs.refunds.Add(ctx, 1)
+	}
 }
 
 // maxWait returns how long the caller accepts to wait, and whether that is

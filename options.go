@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"time"
 
+	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 )
 
@@ -35,6 +36,9 @@ type config struct {
 	policy         Policy
 	logger         *slog.Logger
 	tracerProvider trace.TracerProvider
+	meterProvider  metric.MeterProvider
+	metricKeys     bool
+	name           string
 
 	// Transport
 	base   http.RoundTripper
@@ -107,6 +111,25 @@ func WithLogger(l *slog.Logger) Option {
 // global provider by default.
 func WithTracerProvider(tp trace.TracerProvider) Option {
 	return optionFunc(func(c *config) { c.tracerProvider = tp })
+}
+
+// WithMeterProvider sets the provider of the meter for the package's
+// metrics, the global provider by default.
+func WithMeterProvider(mp metric.MeterProvider) Option {
+	return optionFunc(func(c *config) { c.meterProvider = mp })
+}
+
+// WithMetricKeys adds the bucket's name (quota.key) to the attributes of
+// the acquisition metrics. Leave it off where names come from untrusted
+// input or are many: each name is a time series. Spans always carry it.
+func WithMetricKeys() Option {
+	return optionFunc(func(c *config) { c.metricKeys = true })
+}
+
+// WithName names the Limiter in its logs and in the quota.limiter attribute
+// of the quota.limiter.mode gauge, the Redis address by default.
+func WithName(name string) Option {
+	return optionFunc(func(c *config) { c.name = name })
 }
 
 // WithBase sets the RoundTripper a Transport delegates to,

@@ -3,65 +3,158 @@ package quota
 import (
 	"context"
 	"errors"
+	"runtime"
 	"time"
+	"weak"
 
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 )
 
-// ScopeName is the instrumentation scope of the package's spans.
+// ScopeName is the instrumentation scope of the package's spans and
+// metrics.
 const ScopeName = "github.com/sharedquota/quota"
 
-// observer reports acquisitions to OpenTelemetry.
+// The attributes of spans and metrics.
+const (
+	attrKey        = attribute.Key("quota.key")
+	attrRate       = attribute.Key("quota.limit.rate")
+	attrBurst      = attribute.Key("quota.limit.burst")
+	attrTokens     = attribute.Key("quota.tokens")
+	attrWait       = attribute.Key("quota.wait.seconds")
+	attrMode       = attribute.Key("quota.mode")
+	attrOutcome    = attribute.Key("quota.outcome")
+	attrRoundTrips = attribute.Key("quota.redis.round_trips")
+	attrLimiter    = attribute.Key("quota.limiter")
+	attrErrorType  = attribute.Key("error.type")
+)
+
+// waitBuckets resolve waits from a millisecond to ten seconds.
+var waitBuckets = []float64{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10}
+
+// observer reports acquisitions to OpenTelemetry: a span each, and the
+// metrics quota.wait.duration, quota.acquisitions, quota.refunds and
+// quota.limiter.mode.
 type observer struct {
-	tracer trace.Tracer
+	tracer       trace.Tracer
+	waits        metric.Float64Histogram
+	acquisitions metric.Int64Counter
+	refunds      metric.Int64Counter
+	keys         bool // raw keys as metric attributes
 }
 
 func newObserver(cfg config) observer {
-	tp := cfg.tracerProvider
+	tp, mp := cfg.tracerProvider, cfg.meterProvider
 	if tp == nil {
 		tp = otel.GetTracerProvider()
 	}
-	return observer{tracer: tp.Tracer(ScopeName)}
+	if mp == nil {
+		mp = otel.GetMeterProvider()
+	}
+	meter := mp.Meter(ScopeName)
+	o := observer{tracer: tp.Tracer(ScopeName), keys: cfg.metricKeys}
+	// Instrument errors leave a no-op instrument in place; a limiter does
+	// not fail for want of telemetry.
+	o.waits, _ = meter.Float64Histogram("quota.wait.duration",
+		metric.WithDescription("How long acquisitions waited for tokens, Redis round trips included."),
+		metric.WithUnit("s"),
+		metric.WithExplicitBucketBoundaries(waitBuckets...))
+	o.acquisitions, _ = meter.Int64Counter("quota.acquisitions",
+		metric.WithDescription("Acquisitions by outcome (granted, refused, cancelled, error) and mode."),
+		metric.WithUnit("{acquisition}"))
+	o.refunds, _ = meter.Int64Counter("quota.refunds",
+		metric.WithDescription("Cancelled waits that handed their tokens back to the bucket."),
+		metric.WithUnit("{refund}"))
+	return o
 }
 
-// waitSpan is the span of one acquisition, ended before the request it
+// observeMode reports l's mode as the gauge quota.limiter.mode: 1 for the
+// current mode, 0 for the others. The callback holds l weakly and is
+// unregistered when l is collected.
+func observeMode(l *Limiter, mp metric.MeterProvider, name string) {
+	if mp == nil {
+		mp = otel.GetMeterProvider()
+	}
+	meter := mp.Meter(ScopeName)
+	gauge, err := meter.Int64ObservableGauge("quota.limiter.mode",
+		metric.WithDescription("The mode a Limiter grants tokens in: 1 for the current mode, 0 for the others."),
+		metric.WithUnit("{mode}"))
+	if err != nil {
+		return
+	}
+	wl := weak.Make(l)
+	reg, err := meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		l := wl.Value()
+		if l == nil {
+			return nil
+		}
+		current := l.Mode()
+		for _, m := range []Mode{ModeShared, ModeLocal, ModeOpen, ModeClosed} {
+			v := int64(0)
+			if m == current {
+				v = 1
+			}
+			o.ObserveInt64(gauge, v, metric.WithAttributes(attrLimiter.String(name), attrMode.String(m.String())))
+		}
+		return nil
+	}, gauge)
+	if err == nil {
+		runtime.AddCleanup(l, func(r metric.Registration) { _ = r.Unregister() }, reg)
+	}
+}
+
+// waitSpan follows one acquisition. Its span ends before the request it
 // gates is sent, so that the HTTP client span does not include the wait.
 type waitSpan struct {
+	o     *observer
 	span  trace.Span
-	mode  Mode          // how the tokens were granted or refused
-	wait  time.Duration // the wait the shared bucket asked for
-	trips int           // Redis round trips
+	key   string
+	start time.Time
+	mode  Mode // how the tokens were granted or refused
+	trips int  // Redis round trips
 }
 
-func (o observer) start(ctx context.Context, key string, lim Limit, n float64) (context.Context, *waitSpan) {
+func (o *observer) start(ctx context.Context, key string, n float64) (context.Context, *waitSpan) {
 	ctx, span := o.tracer.Start(ctx, "quota.wait", trace.WithSpanKind(trace.SpanKindInternal))
 	if span.IsRecording() {
-		span.SetAttributes(
-			attribute.String("quota.key", key),
-			attribute.Float64("quota.limit.rate", lim.Rate),
-			attribute.Float64("quota.limit.burst", lim.Burst),
-			attribute.Float64("quota.tokens", n),
-		)
+		span.SetAttributes(attrKey.String(key), attrTokens.Float64(n))
 	}
-	return ctx, &waitSpan{span: span}
+	return ctx, &waitSpan{o: o, span: span, key: key, start: time.Now()}
+}
+
+// limit records the Limit, its burst resolved.
+func (s *waitSpan) limit(lim Limit) {
+	if s.span.IsRecording() {
+		s.span.SetAttributes(attrRate.Float64(lim.Rate), attrBurst.Float64(lim.Burst))
+	}
 }
 
 func (s *waitSpan) end(err error) {
+	waited := time.Since(s.start).Seconds()
+	outcome := outcome(err)
+	attrs := []attribute.KeyValue{attrMode.String(s.mode.String()), attrOutcome.String(outcome)}
+	if err != nil {
+		attrs = append(attrs, attrErrorType.String(errorType(err)))
+	}
+	if s.o.keys {
+		attrs = append(attrs, attrKey.String(s.key))
+	}
+	if ctx := context.Background(); s.o.acquisitions.Enabled(ctx) || s.o.waits.Enabled(ctx) {
+		set := metric.WithAttributes(attrs...)
+		s.o.acquisitions.Add(ctx, 1, set)
+		s.o.waits.Record(ctx, waited, set)
+	}
+
 	if !s.span.IsRecording() {
 		return
 	}
-	s.span.SetAttributes(
-		attribute.Float64("quota.wait.seconds", s.wait.Seconds()),
-		attribute.String("quota.mode", s.mode.String()),
-		attribute.Int("quota.redis.round_trips", s.trips),
-		attribute.String("quota.outcome", outcome(err)),
-	)
+	s.span.SetAttributes(attrs...)
+	s.span.SetAttributes(attrWait.Float64(waited), attrRoundTrips.Int(s.trips))
 	if err != nil {
-		s.span.SetStatus(codes.Error, "")
-		s.span.SetAttributes(attribute.String("error.type", errorType(err)))
+		s.span.SetStatus(codes.Error, errorType(err))
 	}
 	s.span.End()
 }
@@ -71,10 +164,10 @@ func outcome(err error) string {
 	switch {
 	case err == nil:
 		return "granted"
-	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, ErrWouldExceedDeadline):
-		return "cancelled"
 	case errors.Is(err, ErrUnavailable), errors.Is(err, ErrWouldExceedDeadline):
 		return "refused"
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return "cancelled"
 	}
 	return "error"
 }

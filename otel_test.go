@@ -1,0 +1,369 @@
+package quota
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// telemetry is an SDK tracer and meter provider whose output a test reads.
+type telemetry struct {
+	spans  *tracetest.SpanRecorder
+	tp     *sdktrace.TracerProvider
+	reader *sdkmetric.ManualReader
+	mp     *sdkmetric.MeterProvider
+}
+
+func newTelemetry(t *testing.T) *telemetry {
+	spans := tracetest.NewSpanRecorder()
+	reader := sdkmetric.NewManualReader()
+	tel := &telemetry{
+		spans:  spans,
+		tp:     sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans)),
+		reader: reader,
+		mp:     sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)),
+	}
+	t.Cleanup(func() {
+		tel.tp.Shutdown(context.Background())
+		tel.mp.Shutdown(context.Background())
+	})
+	return tel
+}
+
+func (tel *telemetry) options() []Option {
+	return []Option{WithTracerProvider(tel.tp), WithMeterProvider(tel.mp)}
+}
+
+// waitSpans returns the ended quota.wait spans.
+func (tel *telemetry) waitSpans() []sdktrace.ReadOnlySpan {
+	var out []sdktrace.ReadOnlySpan
+	for _, s := range tel.spans.Ended() {
+		if s.Name() == "quota.wait" {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+func attrs(s sdktrace.ReadOnlySpan) map[attribute.Key]attribute.Value {
+	m := map[attribute.Key]attribute.Value{}
+	for _, kv := range s.Attributes() {
+		m[kv.Key] = kv.Value
+	}
+	return m
+}
+
+// spanContextHook records the span in the context of each Redis command.
+type spanContextHook struct{ seen chan trace.SpanContext }
+
+func (spanContextHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h spanContextHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if n := cmd.Name(); n == "evalsha" || n == "eval" {
+			h.seen <- trace.SpanContextFromContext(ctx)
+		}
+		return next(ctx, cmd)
+	}
+}
+func (spanContextHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+func TestWaitSpan(t *testing.T) {
+	tel := newTelemetry(t)
+	mr := miniredis.RunT(t)
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	defer rdb.Close()
+	redisSpans := spanContextHook{make(chan trace.SpanContext, 10)}
+	rdb.AddHook(redisSpans)
+
+	endedBeforeSend, sends := true, 0
+	base := roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		sends++
+		endedBeforeSend = endedBeforeSend && len(tel.waitSpans()) == sends
+		if got := trace.SpanContextFromContext(r.Context()); got.SpanID() == tel.waitSpanIDOrZero() {
+			t.Error("the request was sent in the wait span's context")
+		}
+		return okResponse(r)
+	})
+	tr := NewTransport(rdb, Limit{Rate: 10, Burst: 1}, append(tel.options(), WithBase(base))...)
+
+	ctx, caller := tel.tp.Tracer("test").Start(context.Background(), "caller")
+	req, _ := http.NewRequestWithContext(ctx, "GET", "https://api.example.com/v1", nil)
+	if _, err := tr.RoundTrip(req); err != nil {
+		t.Fatal(err)
+	}
+	// The second request waits for the bucket to refill: about 100ms.
+	if _, err := tr.RoundTrip(req.Clone(ctx)); err != nil {
+		t.Fatal(err)
+	}
+	caller.End()
+
+	if !endedBeforeSend {
+		t.Error("the wait span had not ended when the request was sent")
+	}
+	spans := tel.waitSpans()
+	if len(spans) != 2 {
+		t.Fatalf("%d quota.wait spans, want 2", len(spans))
+	}
+	s := spans[1]
+	if s.Parent().SpanID() != caller.SpanContext().SpanID() || s.SpanKind() != trace.SpanKindInternal {
+		t.Errorf("span parent %v kind %v, want the caller's span and internal", s.Parent().SpanID(), s.SpanKind())
+	}
+	a := attrs(s)
+	for k, want := range map[attribute.Key]attribute.Value{
+		"quota.key":               attribute.StringValue("api.example.com"),
+		"quota.limit.rate":        attribute.Float64Value(10),
+		"quota.limit.burst":       attribute.Float64Value(1),
+		"quota.tokens":            attribute.Float64Value(1),
+		"quota.mode":              attribute.StringValue("shared"),
+		"quota.outcome":           attribute.StringValue("granted"),
+		"quota.redis.round_trips": attribute.IntValue(1),
+	} {
+		if a[k] != want {
+			t.Errorf("attribute %s = %v, want %v", k, a[k].String(), want.String())
+		}
+	}
+	if w := a["quota.wait.seconds"]; w.Type() != attribute.FLOAT64 || w.AsFloat64() < 0.05 || w.AsFloat64() > 0.5 {
+		t.Errorf("quota.wait.seconds = %v, want about 0.1", w.String())
+	}
+	if s.Status().Code != codes.Unset || len(s.Events()) != 0 {
+		t.Errorf("a granted wait has status %v and %d events", s.Status(), len(s.Events()))
+	}
+	// The Redis call ran in the wait span's context, where a tracing hook
+	// such as redisotel nests its span.
+	<-redisSpans.seen
+	if got := <-redisSpans.seen; got.SpanID() != s.SpanContext().SpanID() {
+		t.Errorf("the Redis call ran in span %v, want the wait span %v", got.SpanID(), s.SpanContext().SpanID())
+	}
+}
+
+// waitSpanIDOrZero returns the ID of the last ended wait span, if any.
+func (tel *telemetry) waitSpanIDOrZero() trace.SpanID {
+	spans := tel.waitSpans()
+	if len(spans) == 0 {
+		return trace.SpanID{}
+	}
+	return spans[len(spans)-1].SpanContext().SpanID()
+}
+
+func TestWaitSpanErrors(t *testing.T) {
+	tel := newTelemetry(t)
+	mr := miniredis.RunT(t)
+	rdb := redis.NewClient(limiterOptions(mr.Addr()))
+	defer rdb.Close()
+	l := NewLimiter(rdb, append(tel.options(), WithLogger(discardLogger()))...)
+	ctx := context.Background()
+
+	_ = l.Wait(ctx, "k", Limit{Rate: -1})
+	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	_ = l.WaitN(short, "k", Limit{Rate: 1, Burst: 2}, 2)
+	_ = l.Wait(short, "k", Limit{Rate: 1, Burst: 2}) // would pass the deadline
+	cancel()
+	mr.Close()
+	_ = l.Wait(ctx, "k", PerSecond(1)) // FailClosed
+
+	want := []struct{ outcome, errType, mode string }{
+		{"error", "invalid_limit", "shared"},
+		{"granted", "", "shared"},
+		{"refused", "would_exceed_deadline", "shared"},
+		{"refused", "unavailable", "closed"},
+	}
+	spans := tel.waitSpans()
+	if len(spans) != len(want) {
+		t.Fatalf("%d spans, want %d", len(spans), len(want))
+	}
+	for i, w := range want {
+		a := attrs(spans[i])
+		if a["quota.outcome"].AsString() != w.outcome || a["error.type"].AsString() != w.errType || a["quota.mode"].AsString() != w.mode {
+			t.Errorf("span %d: outcome %q error.type %q mode %q, want %+v", i, a["quota.outcome"].AsString(), a["error.type"].AsString(), a["quota.mode"].AsString(), w)
+		}
+		if wantErr := w.errType != ""; wantErr != (spans[i].Status().Code == codes.Error) {
+			t.Errorf("span %d: status %v", i, spans[i].Status())
+		}
+		if len(spans[i].Events()) != 0 {
+			t.Errorf("span %d has %d events, want none", i, len(spans[i].Events()))
+		}
+	}
+}
+
+func TestMetrics(t *testing.T) {
+	tel := newTelemetry(t)
+	mr := miniredis.RunT(t)
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	defer rdb.Close()
+	l := NewLimiter(rdb, append(tel.options(), WithName("geo"))...)
+	ctx := context.Background()
+	lim := Limit{Rate: 10, Burst: 2}
+
+	// Two granted at once, one granted after about 100ms, one cancelled
+	// while waiting (and refunded), one refused at its deadline.
+	for range 3 {
+		if err := l.Wait(ctx, "k", lim); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cancelled, cancel := context.WithCancel(ctx)
+	time.AfterFunc(20*time.Millisecond, cancel)
+	if err := l.Wait(cancelled, "k", lim); !errors.Is(err, context.Canceled) {
+		t.Fatalf("err = %v", err)
+	}
+	short, cancel2 := context.WithTimeout(ctx, 10*time.Millisecond)
+	defer cancel2()
+	if err := l.WaitN(short, "k", lim, 2); !errors.Is(err, ErrWouldExceedDeadline) {
+		t.Fatalf("err = %v", err)
+	}
+
+	var rm metricdata.ResourceMetrics
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		if err := tel.reader.Collect(ctx, &rm); err != nil {
+			t.Fatal(err)
+		}
+		if sumOf(rm, "quota.refunds", nil) == 1 || time.Now().After(deadline) {
+			break // the refund runs in the background
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	for _, c := range []struct {
+		outcome string
+		want    int64
+	}{{"granted", 3}, {"cancelled", 1}, {"refused", 1}} {
+		got := sumOf(rm, "quota.acquisitions", []attribute.KeyValue{attrMode.String("shared"), attrOutcome.String(c.outcome)})
+		if got != c.want {
+			t.Errorf("quota.acquisitions{outcome=%s} = %d, want %d", c.outcome, got, c.want)
+		}
+	}
+	if got := sumOf(rm, "quota.refunds", nil); got != 1 {
+		t.Errorf("quota.refunds = %d, want 1", got)
+	}
+
+	h := find(rm, "quota.wait.duration")
+	if h == nil {
+		t.Fatal("no quota.wait.duration")
+	}
+	hist := h.Data.(metricdata.Histogram[float64])
+	var count uint64
+	var slow uint64 // waits of 50ms or more
+	for _, dp := range hist.DataPoints {
+		count += dp.Count
+		if len(dp.Bounds) != len(waitBuckets) || dp.Bounds[0] != 0.001 || dp.Bounds[len(dp.Bounds)-1] != 10 {
+			t.Errorf("bucket bounds %v, want 1ms to 10s", dp.Bounds)
+		}
+		for i, b := range dp.Bounds {
+			if b >= 0.05 {
+				slow += dp.BucketCounts[i+1]
+			}
+		}
+	}
+	if count != 5 || slow != 1 || h.Unit != "s" {
+		t.Errorf("quota.wait.duration: %d waits (%d of 50ms or more), unit %q; want 5 (1) in s", count, slow, h.Unit)
+	}
+
+	g := find(rm, "quota.limiter.mode")
+	if g == nil {
+		t.Fatal("no quota.limiter.mode")
+	}
+	for _, dp := range g.Data.(metricdata.Gauge[int64]).DataPoints {
+		name, _ := dp.Attributes.Value(attrLimiter)
+		mode, _ := dp.Attributes.Value(attrMode)
+		if want := map[bool]int64{true: 1, false: 0}[mode.AsString() == "shared"]; dp.Value != want || name.AsString() != "geo" {
+			t.Errorf("quota.limiter.mode{%s,%s} = %d, want %d", name.AsString(), mode.AsString(), dp.Value, want)
+		}
+	}
+	for _, m := range []string{"quota.acquisitions", "quota.wait.duration"} {
+		if hasAttr(find(rm, m), attrKey) {
+			t.Errorf("%s carries quota.key without WithMetricKeys", m)
+		}
+	}
+}
+
+func TestMetricKeys(t *testing.T) {
+	tel := newTelemetry(t)
+	mr := miniredis.RunT(t)
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	defer rdb.Close()
+	l := NewLimiter(rdb, append(tel.options(), WithMetricKeys())...)
+	if err := l.Wait(context.Background(), "api.example.com", PerSecond(10)); err != nil {
+		t.Fatal(err)
+	}
+	var rm metricdata.ResourceMetrics
+	tel.reader.Collect(context.Background(), &rm)
+	if !hasAttr(find(rm, "quota.acquisitions"), attrKey) {
+		t.Error("quota.acquisitions lacks quota.key with WithMetricKeys")
+	}
+}
+
+func find(rm metricdata.ResourceMetrics, name string) *metricdata.Metrics {
+	for _, sm := range rm.ScopeMetrics {
+		if sm.Scope.Name != ScopeName {
+			continue
+		}
+		for i := range sm.Metrics {
+			if sm.Metrics[i].Name == name {
+				return &sm.Metrics[i]
+			}
+		}
+	}
+	return nil
+}
+
+// sumOf adds up the data points of the counter name whose attributes
+// include want.
+func sumOf(rm metricdata.ResourceMetrics, name string, want []attribute.KeyValue) int64 {
+	m := find(rm, name)
+	if m == nil {
+		return 0
+	}
+	var total int64
+	for _, dp := range m.Data.(metricdata.Sum[int64]).DataPoints {
+		ok := true
+		for _, kv := range want {
+			if v, found := dp.Attributes.Value(kv.Key); !found || v != kv.Value {
+				ok = false
+			}
+		}
+		if ok {
+			total += dp.Value
+		}
+	}
+	return total
+}
+
+func hasAttr(m *metricdata.Metrics, key attribute.Key) bool {
+	if m == nil {
+		return false
+	}
+	var sets []attribute.Set
+	switch d := m.Data.(type) {
+	case metricdata.Sum[int64]:
+		for _, dp := range d.DataPoints {
+			sets = append(sets, dp.Attributes)
+		}
+	case metricdata.Histogram[float64]:
+		for _, dp := range d.DataPoints {
+			sets = append(sets, dp.Attributes)
+		}
+	}
+	for _, s := range sets {
+		if s.HasValue(key) {
+			return true
+		}
+	}
+	return false
+}
+
+func discardLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }

@@ -1,0 +1,47 @@
+package quota
+
+import (
+	"context"
+	"errors"
+	"net/http"
+)
+
+// Permanent reports whether err, returned by a Transport or a Limiter, is a
+// refusal that trying again at once will not change: invalid input, a
+// script error, a refusal while Redis is unavailable under FailClosed, or a
+// wait that would pass the request's deadline. Waiting for a token is
+// already the Transport's job, so a retry loop should stop on these.
+func Permanent(err error) bool {
+	for _, target := range []error{
+		ErrInvalidLimit, ErrInvalidTokens, ErrExceedsBurst, ErrInvalidKey,
+		ErrScript, ErrUnavailable, ErrWouldExceedDeadline,
+	} {
+		if errors.Is(err, target) {
+			return true
+		}
+	}
+	return false
+}
+
+// CheckRetry wraps a retry policy of github.com/hashicorp/go-retryablehttp
+// so that it does not retry the package's permanent refusals (see
+// Permanent), which retryablehttp would otherwise retry as unknown errors.
+// Everything else is left to next:
+//
+//	client := retryablehttp.NewClient()
+//	client.HTTPClient.Transport = quota.NewTransport(rdb, lim)
+//	client.CheckRetry = quota.CheckRetry(retryablehttp.DefaultRetryPolicy)
+//
+// The result is a plain func, assignable to retryablehttp.CheckRetry
+// without this package importing retryablehttp. It panics if next is nil.
+func CheckRetry(next func(context.Context, *http.Response, error) (bool, error)) func(context.Context, *http.Response, error) (bool, error) {
+	if next == nil {
+		panic("quota: CheckRetry(nil)")
+	}
+	return func(ctx context.Context, resp *http.Response, err error) (bool, error) {
+		if err != nil && Permanent(err) {
+			return false, err
+		}
+		return next(ctx, resp, err)
+	}
+}

@@ -1,0 +1,164 @@
+package quota
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/hashicorp/go-retryablehttp"
+	"github.com/redis/go-redis/v9"
+)
+
+// attemptCounter wraps a RoundTripper and records when each attempt
+// reached it.
+type attemptCounter struct {
+	next  http.RoundTripper
+	mu    sync.Mutex
+	times []time.Time
+}
+
+func (c *attemptCounter) RoundTrip(r *http.Request) (*http.Response, error) {
+	c.mu.Lock()
+	c.times = append(c.times, time.Now())
+	c.mu.Unlock()
+	return c.next.RoundTrip(r)
+}
+
+func (c *attemptCounter) count() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.times)
+}
+
+// statusSequence is a provider that answers with the given statuses in
+// turn, then 200.
+func statusSequence(t *testing.T, statuses ...int) *httptest.Server {
+	var i atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n := int(i.Add(1)) - 1
+		if n < len(statuses) {
+			if statuses[n] == http.StatusTooManyRequests {
+				w.Header().Set("Retry-After", "1")
+			}
+			w.WriteHeader(statuses[n])
+		}
+	}))
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+func retryingClient(tr http.RoundTripper) *retryablehttp.Client {
+	c := retryablehttp.NewClient()
+	c.HTTPClient = &http.Client{Transport: tr}
+	c.RetryWaitMin, c.RetryWaitMax = 10*time.Millisecond, 2*time.Second
+	c.RetryMax = 3
+	c.Logger = nil
+	c.CheckRetry = CheckRetry(retryablehttp.DefaultRetryPolicy)
+	return c
+}
+
+func TestRetryEveryAttemptTakesAToken(t *testing.T) {
+	mr := miniredis.RunT(t)
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	defer rdb.Close()
+	var takes atomic.Int64
+	rdb.AddHook(countHook{&takes})
+	prov := statusSequence(t, 500, 502)
+	sent := &attemptCounter{next: http.DefaultTransport}
+	client := retryingClient(NewTransport(rdb, PerSecond(100), WithBase(sent)))
+
+	resp, err := client.Get(prov.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if sent.count() != 3 || takes.Load() != 3 {
+		t.Errorf("%d attempts sent, %d tokens taken; want 3 and 3", sent.count(), takes.Load())
+	}
+}
+
+func TestRetryAfter429WaitsForATokenToo(t *testing.T) {
+	mr := miniredis.RunT(t)
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	defer rdb.Close()
+	prov := statusSequence(t, http.StatusTooManyRequests)
+	sent := &attemptCounter{next: http.DefaultTransport}
+	// One token, refilled every 2s: the retry, due 1s after the 429 by its
+	// Retry-After, still has to wait for its token, 2s after the first.
+	client := retryingClient(NewTransport(rdb, Limit{Rate: 0.5, Burst: 1}, WithBase(sent)))
+
+	resp, err := client.Get(prov.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if sent.count() != 2 {
+		t.Fatalf("%d attempts, want 2", sent.count())
+	}
+	gap := sent.times[1].Sub(sent.times[0])
+	t.Logf("the retry reached the provider %v after the 429", gap)
+	if gap < 1900*time.Millisecond || gap > 2500*time.Millisecond {
+		t.Errorf("the retry came %v after the first attempt, want about 2s: Retry-After 1s, then the token", gap)
+	}
+}
+
+func TestRetryStopsOnRefusals(t *testing.T) {
+	mr := miniredis.RunT(t)
+	addr := mr.Addr()
+	rdb := redis.NewClient(limiterOptions(addr))
+	defer rdb.Close()
+	prov := statusSequence(t)
+	failKey := func(*http.Request) (string, error) { return "", errors.New("no tenant") }
+	for _, tc := range []struct {
+		name string
+		tr   func() http.RoundTripper
+		want error
+	}{
+		{"invalid key", func() http.RoundTripper { return NewTransport(rdb, PerSecond(1), WithKey(failKey)) }, ErrInvalidKey},
+		{"fail closed", func() http.RoundTripper {
+			tr := NewTransport(rdb, PerSecond(1), WithLogger(discardLogger()))
+			mr.Close()
+			return tr
+		}, ErrUnavailable},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			attempts := &attemptCounter{next: tc.tr()}
+			client := retryingClient(attempts)
+			_, err := client.Get(prov.URL)
+			if !errors.Is(err, tc.want) || attempts.count() != 1 {
+				t.Errorf("err = %v after %d attempts, want %v after 1", err, attempts.count(), tc.want)
+			}
+			// The default policy alone retries them as unknown errors.
+			client.CheckRetry = retryablehttp.DefaultRetryPolicy
+			client.RetryWaitMin, client.RetryWaitMax = time.Millisecond, time.Millisecond
+			before := attempts.count()
+			client.Get(prov.URL)
+			if n := attempts.count() - before; n != client.RetryMax+1 {
+				t.Errorf("without CheckRetry: %d attempts, want %d", n, client.RetryMax+1)
+			}
+		})
+	}
+}
+
+func TestCheckRetryLeavesTheRestToNext(t *testing.T) {
+	called := 0
+	next := func(context.Context, *http.Response, error) (bool, error) { called++; return true, nil }
+	check := CheckRetry(next)
+	var _ retryablehttp.CheckRetry = check
+	if retry, _ := check(context.Background(), nil, errors.New("connection reset")); !retry || called != 1 {
+		t.Error("an error of the network was not left to next")
+	}
+	if retry, _ := check(context.Background(), &http.Response{StatusCode: 503}, nil); !retry || called != 2 {
+		t.Error("a response was not left to next")
+	}
+	if retry, _ := check(context.Background(), nil, ErrWouldExceedDeadline); retry || called != 2 {
+		t.Error("a wait past the deadline was retried")
+	}
+	mustPanic(t, "CheckRetry(nil)", func() { CheckRetry(nil) })
+}
