@@ -9,6 +9,8 @@ STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
 test: redis lint
 	QUOTA_REQUIRE_REDIS=1 $(GO) test -race -count=1 -timeout 15m ./...
+	QUOTA_REQUIRE_REDIS=1 $(GO) test -run '^$$' -fuzz '^FuzzKeys$$' -fuzztime 10s .
+	QUOTA_REQUIRE_REDIS=1 $(GO) test -run '^$$' -fuzz '^FuzzScript$$' -fuzztime 10s .
 
 bench: redis
 	QUOTA_REQUIRE_REDIS=1 $(GO) test -run '^$$' -bench . -benchmem -count 6 .

@@ -27,6 +27,11 @@ var (
 	// serve the request, and the Policy refused the request.
 	ErrUnavailable = errors.New("quota: redis unavailable")
 
+	// ErrNoPermission reports that the Redis user may not run the script or
+	// touch its keys (an ACL NOPERM reply). It is a misconfiguration, not an
+	// outage: the policy does not hide it.
+	ErrNoPermission = errors.New("quota: redis user lacks permission")
+
 	// ErrScript reports a script that failed on the server or a reply this
 	// package cannot decode. It is a bug or a misconfiguration (for example a
 	// key of another type under the prefix), not an outage.

@@ -95,3 +95,24 @@ func Header(name string) KeyFunc {
 		return v, nil
 	}
 }
+
+// Allow returns a KeyFunc that names buckets as f does, but only the names
+// listed: any other request fails with an error matching ErrInvalidKey and
+// is not sent. Use it where requests may go to arbitrary URLs, so that
+// they cannot create buckets of their own.
+func Allow(f KeyFunc, names ...string) KeyFunc {
+	allowed := make(map[string]bool, len(names))
+	for _, n := range names {
+		allowed[n] = true
+	}
+	return func(req *http.Request) (string, error) {
+		name, err := f(req)
+		if err != nil {
+			return "", err
+		}
+		if !allowed[name] {
+			return "", fmt.Errorf("%q is not an allowed bucket", name)
+		}
+		return name, nil
+	}
+}

@@ -4,9 +4,11 @@ import (
 	"fmt"
 	"math"
 	"strconv"
+	"time"
 )
 
-// A Limit is the rate a bucket refills at and the burst it can hold.
+// A Limit is the rate a bucket refills at and the burst it can hold. A
+// bucket must fill from empty within a year (Burst/Rate at most 366 days).
 //
 // The zero Burst means three seconds of Rate (and at least one token), the
 // capacity that absorbs ordinary jitter without a visible burst at the
@@ -15,6 +17,11 @@ type Limit struct {
 	Rate  float64 // tokens per second, > 0
 	Burst float64 // bucket capacity in tokens; 0 means three seconds of Rate
 }
+
+// maxFill bounds the time a bucket takes to fill from empty. A bucket is a
+// count of microseconds on the server's clock: a bound keeps that count
+// exact, and no provider meters over more than a year.
+const maxFill = 366 * 24 * time.Hour
 
 // PerSecond returns a Limit of n tokens per second with the default burst.
 func PerSecond(n float64) Limit { return Limit{Rate: n} }
@@ -50,6 +57,9 @@ func (l Limit) resolve() (Limit, error) {
 	l.Burst = l.burst()
 	if math.IsInf(l.Burst, 0) {
 		return Limit{}, fmt.Errorf("%w: rate %v gives no finite default burst", ErrInvalidLimit, l.Rate)
+	}
+	if fill := l.Burst / l.Rate; !(fill <= maxFill.Seconds()) {
+		return Limit{}, fmt.Errorf("%w: a burst of %v at %v/s takes longer than %v to fill", ErrInvalidLimit, l.Burst, l.Rate, maxFill)
 	}
 	return l, nil
 }

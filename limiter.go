@@ -233,15 +233,19 @@ func (l *Limiter) maxWait(ctx context.Context) (time.Duration, bool) {
 }
 
 // classify turns an error of a Redis call into the error WaitN returns: the
-// caller's own context error, ErrScript for a call the server rejects as
-// wrong (a bug or a misconfiguration, which no policy should hide), or
-// ErrUnavailable for everything that says the server cannot serve now.
+// caller's own context error, ErrNoPermission or ErrScript for a call the
+// server rejects as wrong (a misconfiguration or a bug, which no policy
+// should hide), or ErrUnavailable for everything that says the server cannot
+// serve now.
 func (l *Limiter) classify(ctx context.Context, err error) error {
 	if ctxErr := ctx.Err(); ctxErr != nil {
 		return ctxErr
 	}
 	if errors.Is(err, ErrScript) {
 		return err
+	}
+	if redis.HasErrorPrefix(err, "NOPERM") {
+		return fmt.Errorf("%w: %w", ErrNoPermission, err)
 	}
 	var rerr redis.Error
 	if errors.As(err, &rerr) && !isOutageReply(err) {

@@ -181,6 +181,7 @@ func errorType(err error) string {
 		{ErrWouldExceedDeadline, "would_exceed_deadline"},
 		{ErrUnavailable, "unavailable"},
 		{ErrScript, "script"},
+		{ErrNoPermission, "no_permission"},
 		{ErrInvalidLimit, "invalid_limit"},
 		{ErrInvalidTokens, "invalid_tokens"},
 		{ErrExceedsBurst, "exceeds_burst"},

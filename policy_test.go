@@ -283,7 +283,7 @@ func TestClassify(t *testing.T) {
 		{errors.New("dial tcp 127.0.0.1:1: connect: connection refused"), ErrUnavailable},
 		{replyError("ERR user_script:1: Script attempted to access nonexistent global variable"), ErrScript},
 		{replyError("WRONGTYPE Operation against a key holding the wrong kind of value"), ErrScript},
-		{replyError("NOPERM User quota has no permissions to run the 'evalsha' command"), ErrScript},
+		{replyError("NOPERM User quota has no permissions to run the 'evalsha' command"), ErrNoPermission},
 	} {
 		if got := l.classify(ctx, tc.err); !errors.Is(got, tc.want) {
 			t.Errorf("classify(%v) = %v, want %v", tc.err, got, tc.want)

@@ -8,13 +8,14 @@ import (
 
 // Permanent reports whether err, returned by a Transport or a Limiter, is a
 // refusal that trying again at once will not change: invalid input, a
-// script error, a refusal while Redis is unavailable under FailClosed, or a
-// wait that would pass the request's deadline. Waiting for a token is
-// already the Transport's job, so a retry loop should stop on these.
+// script error, a Redis user without permission, a refusal while Redis is
+// unavailable under FailClosed, or a wait that would pass the request's
+// deadline. Waiting for a token is already the Transport's job, so a retry
+// loop should stop on these.
 func Permanent(err error) bool {
 	for _, target := range []error{
 		ErrInvalidLimit, ErrInvalidTokens, ErrExceedsBurst, ErrInvalidKey,
-		ErrScript, ErrUnavailable, ErrWouldExceedDeadline,
+		ErrScript, ErrNoPermission, ErrUnavailable, ErrWouldExceedDeadline,
 	} {
 		if errors.Is(err, target) {
 			return true

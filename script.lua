@@ -44,7 +44,11 @@ if not now then
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 
-local interval = 1000000 / rate -- microseconds per token
+-- micros returns how long tokens take to accrue, in microseconds. Dividing
+-- first keeps extreme rates finite.
+local function micros(tokens)
+  return tokens / rate * 1000000
+end
 local state = redis.call('GET', key)
 local tat = tonumber(state)
 if state and not tat then
@@ -67,8 +71,8 @@ if op == 'take' then
   if tat and tat > now then
     debt = tat - now
   end
-  local ahead = debt + n * interval
-  local wait = math.floor(ahead - burst * interval + 0.5)
+  local ahead = debt + micros(n)
+  local wait = math.floor(ahead - micros(burst) + 0.5)
   if wait > maxwait then
     return {0, wait, math.floor(tat or now)}
   end
@@ -82,7 +86,7 @@ if op == 'refund' then
   -- bucket that was reset since the take (tat behind it) gets nothing.
   local mine = tonumber(ARGV[5])
   if tat and tat >= mine then
-    local back = n * interval - (tat - mine)
+    local back = micros(n) - (tat - mine)
     if back > 0 then
       store(tat - back)
       tat = tat - back

@@ -489,3 +489,29 @@ func mustPanic(t *testing.T, name string, f func()) {
 	}()
 	f()
 }
+
+func TestAllow(t *testing.T) {
+	_, rdb, cmds := newMini(t)
+	var sent atomic.Int64
+	base := roundTripFunc(func(r *http.Request) (*http.Response, error) { sent.Add(1); return okResponse(r) })
+	tr := NewTransport(rdb, PerSecond(10), WithBase(base), WithKey(Allow(Host, "api.example.com", "geo.example.com")))
+	for _, tc := range []struct {
+		url string
+		ok  bool
+	}{
+		{"https://API.example.com/v1", true},
+		{"https://geo.example.com:443/", true},
+		{"https://evil.example.net/", false},
+		{"https://api.example.com.evil.net/", false},
+	} {
+		req := httptest.NewRequest("GET", tc.url, nil)
+		req.RequestURI = ""
+		_, err := tr.RoundTrip(req)
+		if tc.ok != (err == nil) || (!tc.ok && !errors.Is(err, ErrInvalidKey)) {
+			t.Errorf("%s: err = %v", tc.url, err)
+		}
+	}
+	if sent.Load() != 2 || cmds.Load() != 2 {
+		t.Errorf("%d requests sent with %d Redis commands, want 2 and 2", sent.Load(), cmds.Load())
+	}
+}

@@ -1,0 +1,92 @@
+package quota
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/sharedquota/quota/internal/redistest"
+)
+
+// aclLimiter is the ACL rule of a Redis user that may run the package's
+// scripts on its keys and nothing else. The README shows it.
+const aclLimiter = "on >limiter-secret resetkeys ~quota:* resetchannels -@all " +
+	"+evalsha +eval +get +set +del +time +zadd +zremrangebyscore +pexpire +zcard +hello"
+
+func TestLeastPrivilegeUser(t *testing.T) {
+	srv := redistest.Start(t)
+	admin := srv.Client(t)
+	ctx := context.Background()
+	setUser := func(name, rule string) {
+		if err := admin.Do(ctx, append([]any{"ACL", "SETUSER", name}, splitRule(rule)...)...).Err(); err != nil {
+			t.Fatalf("ACL SETUSER %s: %v", name, err)
+		}
+	}
+	setUser("limiter", aclLimiter)
+	setUser("nobody", "on >nobody-secret ~* -@all +hello")
+
+	client := func(user, pass string) *redis.Client {
+		o := limiterOptions(srv.Addr())
+		o.Username, o.Password = user, pass
+		rdb := redis.NewClient(o)
+		t.Cleanup(func() { rdb.Close() })
+		return rdb
+	}
+
+	// The limiter's user does everything the package needs, counting
+	// workers included, and cannot touch other keys.
+	lrdb := client("limiter", "limiter-secret")
+	logs := &logRecorder{}
+	l := NewLimiter(lrdb, WithPolicy(FallbackLocal(2).CountingWorkers()), WithLogger(slogOf(logs)))
+	for range 3 {
+		if err := l.Wait(ctx, "api.example.com", PerSecond(100)); err != nil {
+			t.Fatalf("Wait as the limiter's user: %v", err)
+		}
+	}
+	waitFor(t, func() bool { return l.workers.divisor(FallbackLocal(1).CountingWorkers()) == 1 }, "the worker count")
+	if err := lrdb.Set(ctx, "other:key", "x", 0).Err(); !redis.HasErrorPrefix(err, "NOPERM") {
+		t.Errorf("SET other:key as the limiter's user: %v, want NOPERM", err)
+	}
+
+	// A user without rights gets a typed error on every request, and the
+	// Limiter does not switch to its policy: that would hide the mistake.
+	nrdb := client("nobody", "nobody-secret")
+	nlogs := &logRecorder{}
+	n := NewLimiter(nrdb, WithPolicy(FailOpen), WithLogger(slogOf(nlogs)))
+	for range 3 {
+		err := n.Wait(ctx, "api.example.com", PerSecond(100))
+		if !errors.Is(err, ErrNoPermission) || errors.Is(err, ErrUnavailable) {
+			t.Fatalf("Wait without rights: err = %v, want ErrNoPermission", err)
+		}
+	}
+	if n.Mode() != ModeShared || len(nlogs.recs) != 0 {
+		t.Errorf("missing rights switched the mode to %v:\n%s", n.Mode(), nlogs)
+	}
+	if !Permanent(n.Wait(ctx, "api.example.com", PerSecond(100))) {
+		t.Error("missing rights are not a permanent error")
+	}
+}
+
+func splitRule(rule string) []any {
+	var out []any
+	for _, f := range strings.Fields(rule) {
+		out = append(out, f)
+	}
+	return out
+}
+
+func slogOf(h slog.Handler) *slog.Logger { return slog.New(h) }
+
+// waitFor polls cond for up to two seconds.
+func waitFor(t *testing.T, cond func() bool, what string) {
+	t.Helper()
+	for deadline := time.Now().Add(2 * time.Second); !cond(); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+	}
+}

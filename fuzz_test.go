@@ -1,0 +1,88 @@
+package quota
+
+import (
+	"context"
+	"math"
+	"net/http"
+	"net/url"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+	"github.com/sharedquota/quota/internal/redistest"
+)
+
+// FuzzKeys feeds arbitrary URLs, Host headers and region headers to the
+// key functions: none may panic, and no Redis key may pass the bound.
+func FuzzKeys(f *testing.F) {
+	f.Add("https://api.example.com/v1", "", "eu")
+	f.Add("http://[::1]:80/", "API.EXAMPLE.COM.", "")
+	f.Add("https://a:443", "a:80", "{x}")
+	f.Add("https:///path", "\x00\xff", "eu/west")
+	mr := miniredis.RunT(f)
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	defer rdb.Close()
+	l := NewLimiter(rdb)
+	maxKey := len(DefaultPrefix) + len("{}") + maxNameLen
+	keyFuncs := []KeyFunc{Host, HostRegion(Header("X-Region")), Join(Fixed("acct"), Host, Header("X-Region"))}
+
+	f.Fuzz(func(t *testing.T, rawURL, host, region string) {
+		u, err := url.Parse(rawURL)
+		if err != nil {
+			return
+		}
+		req := &http.Request{URL: u, Host: host, Header: http.Header{"X-Region": {region}}}
+		for _, kf := range keyFuncs {
+			name, err := kf(req)
+			if err != nil {
+				continue
+			}
+			if name == "" {
+				t.Fatalf("empty name without an error for %q %q %q", rawURL, host, region)
+			}
+			key, err := l.redisKey(name)
+			if err != nil {
+				t.Fatalf("redisKey(%q): %v", name, err)
+			}
+			if len(key) > maxKey {
+				t.Fatalf("key of %d bytes, bound %d", len(key), maxKey)
+			}
+		}
+	})
+}
+
+// FuzzScript runs the script on a real redis-server with every Limit, token
+// count and wait the API accepts: the script must never fail, and its reply
+// must keep its contract.
+func FuzzScript(f *testing.F) {
+	for _, seed := range []struct{ rate, burst, n float64 }{
+		{10, 5, 1}, {1e-6, 0, 1}, {1e9, 1e9, 1e9}, {0.1, 1, 1}, {3, 2, 2},
+		{1e300, 1, 1}, {1e-300, 1e-300, 1e-300}, {5, 0, 15}, {1, 1e6, 0.5},
+	} {
+		f.Add(seed.rate, seed.burst, seed.n, int64(time.Second))
+	}
+	rdb := redistest.Start(f).Client(f)
+	l := NewLimiter(rdb)
+	ctx := context.Background()
+
+	f.Fuzz(func(t *testing.T, rate, burst, n float64, maxWait int64) {
+		lim, err := Limit{Rate: rate, Burst: burst}.resolve()
+		if err != nil || lim.checkTokens(n) != nil {
+			return // the API refuses these before Redis
+		}
+		maxWait = min(max(maxWait, 0), int64(time.Hour)) / 1000
+		for _, key := range []string{"quota:{fuzz}", "quota:{fuzz-" + lim.String() + "}"} {
+			r, _, err := l.bucketCall(ctx, key, opTake, lim, n, maxWait)
+			if err != nil {
+				t.Fatalf("take %v of %v, max wait %dus: %v", n, lim, maxWait, err)
+			}
+			if r.wait < 0 || (r.granted && r.wait.Microseconds() > maxWait) || math.IsNaN(float64(r.wait)) {
+				t.Fatalf("take %v of %v, max wait %dus: reply %+v", n, lim, maxWait, r)
+			}
+			if _, _, err := l.bucketCall(ctx, key, opRefund, lim, n, r.tat); err != nil {
+				t.Fatalf("refund %v of %v: %v", n, lim, err)
+			}
+		}
+	})
+}
