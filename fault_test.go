@@ -62,16 +62,24 @@ type worker struct {
 }
 
 func newWorkers(t *testing.T, n int, addr string, lim Limit, p Policy, opts func(*redis.Options)) []worker {
-	var ws []worker
-	for range n {
+	return newWorkersOn(t, n, lim, p, func() redis.Scripter {
 		o := limiterOptions(addr)
 		if opts != nil {
 			opts(o)
 		}
 		rdb := redis.NewClient(o)
 		t.Cleanup(func() { rdb.Close() })
+		return rdb
+	})
+}
+
+// newWorkersOn returns n workers, each with a Redis client of its own from
+// client.
+func newWorkersOn(t *testing.T, n int, lim Limit, p Policy, client func() redis.Scripter) []worker {
+	var ws []worker
+	for range n {
 		logs := &logRecorder{}
-		ws = append(ws, worker{NewTransport(rdb, lim, WithPolicy(p), WithLogger(slog.New(logs))), logs})
+		ws = append(ws, worker{NewTransport(client(), lim, WithPolicy(p), WithLogger(slog.New(logs))), logs})
 	}
 	return ws
 }
