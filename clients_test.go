@@ -1,20 +1,15 @@
 package quota
 
 import (
-	"bufio"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
-	"os"
-	"os/exec"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -322,100 +317,11 @@ func TestNoScriptOnCluster(t *testing.T) {
 	}
 }
 
-// The cluster worker process: the test binary re-executed with
-// clusterWorkerEnv set runs goroutines against one bucket through a
-// *redis.ClusterClient and prints a workerReport as JSON. TestMain only
-// knows workerEnv, so init dispatches this one before TestMain runs.
-
-const clusterWorkerEnv = "QUOTA_TEST_CLUSTER_WORKER"
-
-// clusterWorkerSpec is a workerSpec whose Redis is the cluster of Addrs;
-// its Addr and Naive are unused.
-type clusterWorkerSpec struct {
-	Addrs []string
-	workerSpec
-}
-
-func init() {
-	if env := os.Getenv(clusterWorkerEnv); env != "" {
-		os.Exit(runClusterWorker(env))
-	}
-}
-
-func runClusterWorker(env string) int {
-	redis.SetLogger(quietLogger{})
-	var spec clusterWorkerSpec
-	if err := json.Unmarshal([]byte(env), &spec); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 2
-	}
-	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: spec.Addrs, PoolSize: spec.Goroutines})
-	defer cc.Close()
-	var cmds atomic.Int64
-	cc.AddHook(countHook{&cmds})
-	l := NewLimiter(cc)
-	grants, err := swarm(context.Background(), spec.Goroutines, spec.Start, spec.Duration, func(ctx context.Context) error {
-		return l.Wait(ctx, spec.Key, spec.Limit)
-	})
-	rep := workerReport{Grants: grants, Commands: cmds.Load()}
-	if err != nil {
-		rep.Err = err.Error()
-	}
-	if err := json.NewEncoder(os.Stdout).Encode(rep); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 2
-	}
-	return 0
-}
-
-// runClusterWorkers runs procs cluster worker processes and returns their
-// reports.
-func runClusterWorkers(t *testing.T, procs int, spec clusterWorkerSpec) []workerReport {
-	t.Helper()
-	spec.Start = time.Now().Add(time.Second) // after every process is up
-	env, err := json.Marshal(spec)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmds := make([]*exec.Cmd, procs)
-	outs := make([]*bufio.Reader, procs)
-	for i := range cmds {
-		cmd := exec.Command(os.Args[0], "-test.run=^$")
-		cmd.Env = append(os.Environ(), clusterWorkerEnv+"="+string(env))
-		cmd.Stderr = os.Stderr
-		out, err := cmd.StdoutPipe()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = cmd.Process.Kill() }) // a worker left behind by a failure
-		cmds[i], outs[i] = cmd, bufio.NewReader(out)
-	}
-	reports := make([]workerReport, procs)
-	for i, cmd := range cmds {
-		if err := json.NewDecoder(outs[i]).Decode(&reports[i]); err != nil {
-			t.Fatalf("cluster worker %d: %v", i, err)
-		}
-		if err := cmd.Wait(); err != nil {
-			t.Fatalf("cluster worker %d: %v", i, err)
-		}
-		if reports[i].Err != "" {
-			t.Fatalf("cluster worker %d: %s", i, reports[i].Err)
-		}
-	}
-	return reports
-}
-
 func TestClusterAcrossProcesses(t *testing.T) {
 	cluster := redistest.StartCluster(t, 3, 1)
 	lim := Limit{Rate: 10, Burst: 5}
 	const procs = 3
-	reports := runClusterWorkers(t, procs, clusterWorkerSpec{
-		Addrs:      cluster.Addrs(),
-		workerSpec: workerSpec{Key: "cluster-procs", Limit: lim, Goroutines: 10, Duration: 3 * time.Second},
-	})
+	reports := runWorkers(t, procs, workerSpec{Cluster: cluster.Addrs(), Key: "cluster-procs", Limit: lim, Goroutines: 10, Duration: 3 * time.Second})
 	var grants, cmds int64
 	for i, r := range reports {
 		t.Logf("cluster worker %d: %d grants, %d commands", i, len(r.Grants), r.Commands)

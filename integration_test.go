@@ -266,7 +266,8 @@ func TestScriptFlushMidRun(t *testing.T) {
 const workerEnv = "QUOTA_TEST_WORKER"
 
 type workerSpec struct {
-	Addr       string
+	Addr       string   // a single server
+	Cluster    []string // or the nodes of a Cluster
 	Key        string
 	Limit      Limit
 	Goroutines int
@@ -287,15 +288,20 @@ func runWorker() int {
 		fmt.Fprintln(os.Stderr, err)
 		return 2
 	}
-	rdb := redis.NewClient(&redis.Options{Addr: spec.Addr, PoolSize: spec.Goroutines})
-	defer rdb.Close()
 	var cmds atomic.Int64
+	var rdb redis.UniversalClient
+	if spec.Cluster != nil {
+		rdb = redis.NewClusterClient(&redis.ClusterOptions{Addrs: spec.Cluster, PoolSize: spec.Goroutines})
+	} else {
+		rdb = redis.NewClient(&redis.Options{Addr: spec.Addr, PoolSize: spec.Goroutines})
+	}
+	defer rdb.Close()
 	rdb.AddHook(countHook{&cmds})
 	l := NewLimiter(rdb)
 	acquire := func(ctx context.Context) error { return l.Wait(ctx, spec.Key, spec.Limit) }
 	if spec.Naive {
 		key, _ := l.redisKey(spec.Key)
-		acquire = func(ctx context.Context) error { return naiveWait(ctx, rdb, key, spec.Limit) }
+		acquire = func(ctx context.Context) error { return naiveWait(ctx, rdb.(*redis.Client), key, spec.Limit) }
 	}
 	grants, err := swarm(context.Background(), spec.Goroutines, spec.Start, spec.Duration, acquire)
 	rep := workerReport{Grants: grants, Commands: cmds.Load()}
@@ -317,6 +323,7 @@ func runWorkers(t *testing.T, procs int, spec workerSpec) []workerReport {
 		cmd := exec.Command(os.Args[0], "-test.run=^$")
 		cmd.Env = append(os.Environ(), workerEnv+"="+string(env))
 		cmd.Stderr = os.Stderr
+		t.Cleanup(func() { _ = cmd.Process.Kill() }) // a worker left behind by a failure
 		out, err := cmd.StdoutPipe()
 		if err != nil {
 			t.Fatal(err)
