@@ -43,7 +43,7 @@ func BenchmarkAcquire(b *testing.B) {
 			b.Fatal(err)
 		}
 		keys := []string{"quota:{bench}"}
-		args := []any{"take", "1e+09", "1e+09", "1", DefaultMaxWait.Microseconds(), ""}
+		args := []any{"take", "1", DefaultMaxWait.Microseconds(), "", "1000000000", "1000000000", 0}
 		for b.Loop() {
 			if err := rdb.EvalSha(ctx, newScript(rdb, bucketSource).sha, keys, args...).Err(); err != nil {
 				b.Fatal(err)

@@ -69,10 +69,10 @@ func (h *health) lastCause() error {
 	return h.cause
 }
 
-// trip records that a call on the bucket key failed as unavailable. The
-// first caller to trip switches the Limiter to its Policy's mode, logs it
-// and starts the probe; later callers find the mode already switched.
-func (h *health) trip(key, rkey string, cause error) {
+// trip records that a call on bucket b failed as unavailable. The first
+// caller to trip switches the Limiter to its Policy's mode, logs it and
+// starts the probe; later callers find the mode already switched.
+func (h *health) trip(b bucket, cause error) {
 	mode := h.l.cfg.policy.mode()
 	if !h.state.CompareAndSwap(int32(ModeShared), int32(mode)) {
 		return
@@ -83,29 +83,29 @@ func (h *health) trip(key, rkey string, cause error) {
 	h.mu.Unlock()
 	h.served.Store(0)
 	h.refused.Store(0)
-	h.touch(rkey)
+	h.touch(b)
 	h.l.cfg.logger.LogAttrs(context.Background(), levelFor(mode), "quota: Redis unavailable, "+describeMode(mode),
 		slog.String("redis", h.client),
-		slog.String("key", key),
+		slog.String("key", b.name),
 		slog.String("policy", h.l.cfg.policy.String()),
 		slog.String("mode", mode.String()),
 		slog.String("cause", cause.Error()),
 	)
 }
 
-// touch notes that the policy is serving a request on the bucket key and
-// makes sure a probe is running.
-func (h *health) touch(rkey string) {
+// touch notes that the policy is serving a request on bucket b and makes
+// sure a probe is running.
+func (h *health) touch(b bucket) {
 	h.used.Store(time.Now().UnixNano())
 	if h.probing.CompareAndSwap(false, true) {
-		go h.probe(rkey)
+		go h.probe(b)
 	}
 }
 
 // probe asks Redis, with backoff, until it answers, then hands the Limiter
 // back to the shared bucket. It stops early when no request has needed the
 // policy for probeIdle.
-func (h *health) probe(rkey string) {
+func (h *health) probe(b bucket) {
 	defer h.probing.Store(false)
 	backoff := probeMinBackoff
 	for {
@@ -114,10 +114,10 @@ func (h *health) probe(rkey string) {
 			return
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), probeTimeout)
-		if cc, ok := h.l.bucket.rdb.(*redis.ClusterClient); ok {
+		if cc, ok := h.l.bucketScript.rdb.(*redis.ClusterClient); ok {
 			cc.ReloadState(ctx) // learn of a failover without waiting for the periodic reload
 		}
-		_, _, err := h.l.bucketCall(ctx, rkey, opProbe, Limit{Rate: 1, Burst: 1}, 1, 0)
+		_, _, err := h.l.call(ctx, b, opProbe, 0, 0, nil)
 		cancel()
 		if err == nil || !isUnavailable(err) {
 			h.recover()

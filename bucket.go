@@ -4,6 +4,7 @@ import (
 	"context"
 	_ "embed"
 	"fmt"
+	"math"
 	"strconv"
 	"time"
 )
@@ -16,35 +17,92 @@ const (
 	opTake   = "take"
 	opRefund = "refund"
 	opProbe  = "probe"
+	opPause  = "pause"
+	opLower  = "lower"
+	opAdjust = "adjust"
 )
+
+// bucket is one bucket's layers: the Redis key and the resolved Limit of
+// each, the first layer under the bucket's own key.
+type bucket struct {
+	name string
+	keys []string
+	lims []Limit
+}
+
+// bucket returns the bucket named name with layers lims, validated and
+// resolved, without asking Redis anything.
+func (l *Limiter) bucket(name string, lims []Limit) (bucket, error) {
+	rkey, err := l.redisKey(name)
+	if err != nil {
+		return bucket{}, err
+	}
+	if len(lims) == 0 {
+		return bucket{}, fmt.Errorf("%w: no Limit given", ErrInvalidLimit)
+	}
+	b := bucket{name: name, keys: make([]string, len(lims)), lims: make([]Limit, len(lims))}
+	for i, lim := range lims {
+		if b.lims[i], err = lim.resolve(); err != nil {
+			return bucket{}, err
+		}
+		b.keys[i] = rkey
+		if i > 0 {
+			// Further layers live beside the first, in its hash slot, under
+			// a key that names their Limit.
+			b.keys[i] = rkey + ":" + num(b.lims[i].Rate) + "/" + num(b.lims[i].Burst)
+		}
+	}
+	return b, nil
+}
+
+// checkTokens reports whether n tokens can ever be granted from every layer.
+func (b bucket) checkTokens(n float64) error {
+	for _, lim := range b.lims {
+		if err := lim.checkTokens(n); err != nil {
+			return err
+		}
+	}
+	return nil
+}
 
 // reply is the decoded reply of the bucket script.
 type reply struct {
 	granted bool
 	wait    time.Duration
-	tat     int64 // microseconds; identifies a take for its refund
+	tats    []int64 // microseconds, a layer each; identify a take for its refund
 }
 
-// bucketCall runs op of the bucket script on the Redis key rkey and returns
-// the reply and the number of Redis round trips it took. arg is the take's
-// longest acceptable wait or the refund's tat, in microseconds.
-func (l *Limiter) bucketCall(ctx context.Context, rkey, op string, lim Limit, n float64, arg int64) (reply, int, error) {
-	cmd, trips := l.bucket.run(ctx, []string{rkey},
-		op,
-		strconv.FormatFloat(lim.Rate, 'g', -1, 64),
-		strconv.FormatFloat(lim.Burst, 'g', -1, 64),
-		strconv.FormatFloat(n, 'g', -1, 64),
-		arg,
-		l.now(),
-	)
+// call runs op of the bucket script on b and returns the reply and the
+// number of Redis round trips it took. n and arg are the operation's
+// ARGV[2] and ARGV[3]; mine is a refund's tats.
+func (l *Limiter) call(ctx context.Context, b bucket, op string, n float64, arg int64, mine []int64) (reply, int, error) {
+	args := make([]any, 0, 4+3*len(b.lims))
+	args = append(args, op, num(n), arg, l.now())
+	for i, lim := range b.lims {
+		var tat int64
+		if mine != nil {
+			tat = mine[i]
+		}
+		args = append(args, num(lim.Rate), num(lim.Burst), tat)
+	}
+	cmd, trips := l.bucketScript.run(ctx, b.keys, args...)
 	if err := cmd.Err(); err != nil {
 		return reply{}, trips, err
 	}
 	v, err := cmd.Int64Slice()
-	if err != nil || len(v) != 3 {
+	if err != nil || len(v) != 2+len(b.keys) {
 		return reply{}, trips, fmt.Errorf("%w: unexpected reply %v", ErrScript, cmd.Val())
 	}
-	return reply{granted: v[0] == 1, wait: time.Duration(v[1]) * time.Microsecond, tat: v[2]}, trips, nil
+	return reply{granted: v[0] == 1, wait: time.Duration(v[1]) * time.Microsecond, tats: v[2:]}, trips, nil
+}
+
+// num formats x for the script: plain digits where they are short, which
+// every Lua reads, and the exponent form for the extremes.
+func num(x float64) string {
+	if a := math.Abs(x); a == 0 || (a >= 1e-6 && a < 1e21) {
+		return strconv.FormatFloat(x, 'f', -1, 64)
+	}
+	return strconv.FormatFloat(x, 'g', -1, 64)
 }
 
 // now returns the ARGV the script reads as the time: empty for the server's
@@ -54,4 +112,27 @@ func (l *Limiter) now() string {
 		return ""
 	}
 	return strconv.FormatInt(l.cfg.clock().UnixMicro(), 10)
+}
+
+// pause grants nothing from b for d, as a provider's Retry-After asks.
+func (l *Limiter) pause(ctx context.Context, b bucket, d time.Duration) error {
+	_, _, err := l.call(ctx, b, opPause, float64(d.Microseconds()), 0, nil)
+	return err
+}
+
+// lower leaves every layer of b at most remaining tokens.
+func (l *Limiter) lower(ctx context.Context, b bucket, remaining float64) error {
+	for _, lim := range b.lims {
+		if remaining < lim.Burst {
+			_, _, err := l.call(ctx, b, opLower, remaining, 0, nil)
+			return err
+		}
+	}
+	return nil // no layer holds more than that
+}
+
+// adjust takes n more tokens from b at once, or gives -n back.
+func (l *Limiter) adjust(ctx context.Context, b bucket, n float64) error {
+	_, _, err := l.call(ctx, b, opAdjust, n, 0, nil)
+	return err
 }

@@ -10,8 +10,8 @@ import (
 )
 
 // localLimiters holds the in-process limiters of FallbackLocal, one per
-// bucket, created when an outage first needs them, and what the Limiter
-// knows of each bucket's schedule from before the outage.
+// layer of each bucket, created when an outage first needs them, and what
+// the Limiter knows of each bucket's schedule from before the outage.
 type localLimiters struct {
 	// due maps a bucket name to when the latest grant this Limiter had from
 	// the shared bucket falls due (*atomic.Int64, unix ns). A take joins the
@@ -20,7 +20,7 @@ type localLimiters struct {
 	due sync.Map
 
 	mu sync.Mutex
-	m  map[string]*localLimiter
+	m  map[string]*localLimiter // by the layer's Redis key
 }
 
 type localLimiter struct {
@@ -29,10 +29,10 @@ type localLimiter struct {
 	*rate.Limiter
 }
 
-// owed is one bucket's tokens that the local limiters have promised beyond
+// owed is one layer's tokens that its local limiter has promised beyond
 // now, which the shared bucket must be charged when it resumes.
 type owed struct {
-	key    string
+	rkey   string
 	lim    Limit
 	tokens float64
 }
@@ -52,13 +52,13 @@ func (ls *localLimiters) granted(key string, at time.Time) {
 	}
 }
 
-// get returns the local limiter for the bucket named key at lim divided by
-// workers. A new one starts empty and owes the tokens that accrue until the
-// shared bucket's last known grant falls due.
-func (ls *localLimiters) get(key string, lim Limit, workers int) *rate.Limiter {
+// get returns the local limiter for the layer rkey of the bucket named key
+// at lim divided by workers. A new one starts empty and owes the tokens that
+// accrue until the shared bucket's last known grant falls due.
+func (ls *localLimiters) get(key, rkey string, lim Limit, workers int) *rate.Limiter {
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
-	if l, ok := ls.m[key]; ok && l.lim == lim && l.workers == workers {
+	if l, ok := ls.m[rkey]; ok && l.lim == lim && l.workers == workers {
 		return l.Limiter
 	}
 	if ls.m == nil {
@@ -79,7 +79,7 @@ func (ls *localLimiters) get(key string, lim Limit, workers int) *rate.Limiter {
 		rl.ReserveN(now, k)
 		owed -= k
 	}
-	ls.m[key] = &localLimiter{lim: lim, workers: workers, Limiter: rl}
+	ls.m[rkey] = &localLimiter{lim: lim, workers: workers, Limiter: rl}
 	return rl
 }
 
@@ -90,9 +90,9 @@ func (ls *localLimiters) owing() []owed {
 	defer ls.mu.Unlock()
 	var out []owed
 	now := time.Now()
-	for key, l := range ls.m {
+	for rkey, l := range ls.m {
 		if t := l.TokensAt(now); t < 0 {
-			out = append(out, owed{key: key, lim: l.lim, tokens: -t})
+			out = append(out, owed{rkey: rkey, lim: l.lim, tokens: -t})
 		}
 	}
 	return out

@@ -73,14 +73,14 @@ func FuzzScript(f *testing.F) {
 		}
 		maxWait = min(max(maxWait, 0), int64(time.Hour)) / 1000
 		for _, key := range []string{"quota:{fuzz}", "quota:{fuzz-" + lim.String() + "}"} {
-			r, _, err := l.bucketCall(ctx, key, opTake, lim, n, maxWait)
+			r, _, err := l.call(ctx, oneLayer(key, lim), opTake, n, maxWait, nil)
 			if err != nil {
 				t.Fatalf("take %v of %v, max wait %dus: %v", n, lim, maxWait, err)
 			}
 			if r.wait < 0 || (r.granted && r.wait.Microseconds() > maxWait) || math.IsNaN(float64(r.wait)) {
 				t.Fatalf("take %v of %v, max wait %dus: reply %+v", n, lim, maxWait, r)
 			}
-			if _, _, err := l.bucketCall(ctx, key, opRefund, lim, n, r.tat); err != nil {
+			if _, _, err := l.call(ctx, oneLayer(key, lim), opRefund, n, 0, r.tats); err != nil {
 				t.Fatalf("refund %v of %v: %v", n, lim, err)
 			}
 		}

@@ -216,10 +216,10 @@ func TestReportedWaitIsExact(t *testing.T) {
 		key, _ := l.redisKey(fmt.Sprintf("exact-%v", lim.Rate))
 		interval := time.Duration(float64(time.Second) / lim.Rate)
 		start := time.Now()
-		if _, _, err := l.bucketCall(ctx, key, "take", lim, lim.Burst, 0); err != nil {
+		if _, _, err := l.call(ctx, oneLayer(key, lim), opTake, lim.Burst, 0, nil); err != nil {
 			t.Fatal(err)
 		}
-		r, _, err := l.bucketCall(ctx, key, "take", lim, 1, time.Minute.Microseconds())
+		r, _, err := l.call(ctx, oneLayer(key, lim), opTake, 1, time.Minute.Microseconds(), nil)
 		if err != nil {
 			t.Fatal(err)
 		}

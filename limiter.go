@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"golang.org/x/time/rate"
 )
 
 // maxNameLen bounds the bucket name inside a Redis key. Longer names, which
@@ -32,12 +33,12 @@ const refundTimeout = time.Second
 // A Limiter is safe for concurrent use. Most callers want a Transport, which
 // waits for a token before each HTTP request; Wait serves everything else.
 type Limiter struct {
-	cfg     config
-	bucket  *script
-	obs     observer
-	health  health
-	locals  localLimiters
-	workers fleet
+	cfg          config
+	bucketScript *script
+	obs          observer
+	health       health
+	locals       localLimiters
+	workers      fleet
 }
 
 // NewLimiter returns a Limiter that keeps its buckets in rdb, which may be a
@@ -49,9 +50,9 @@ func NewLimiter(rdb redis.Scripter, opts ...Option) *Limiter {
 	}
 	cfg := newConfig(opts)
 	l := &Limiter{
-		cfg:    cfg,
-		bucket: newScript(rdb, bucketSource),
-		obs:    newObserver(cfg),
+		cfg:          cfg,
+		bucketScript: newScript(rdb, bucketSource),
+		obs:          newObserver(cfg),
 	}
 	l.health.init(l, rdb)
 	l.workers.init(rdb, cfg)
@@ -84,20 +85,27 @@ func (l *Limiter) Wait(ctx context.Context, key string, lim Limit) error {
 // An invalid lim, n or key fails at once, without a Redis call, with an
 // error matching ErrInvalidLimit, ErrInvalidTokens, ErrExceedsBurst or
 // ErrInvalidKey. While Redis is unavailable, the Limiter's Policy decides.
-func (l *Limiter) WaitN(ctx context.Context, key string, lim Limit, n float64) (err error) {
+func (l *Limiter) WaitN(ctx context.Context, key string, lim Limit, n float64) error {
+	return l.WaitAll(ctx, key, n, lim)
+}
+
+// WaitAll is WaitN for a bucket that obeys several Limits at once, as
+// providers publish them: 10 a second and 300 a minute and 10,000 a day.
+// One script call checks every layer and takes n tokens from all of them
+// or from none; the wait is the longest of the layers'. The first layer
+// lives under the bucket's key and each further one under a key of its own
+// in the same Redis Cluster slot.
+func (l *Limiter) WaitAll(ctx context.Context, key string, n float64, lims ...Limit) (err error) {
 	ctx, span := l.obs.start(ctx, key, n)
 	span.mode = l.health.mode()
 	defer func() { span.end(err) }()
 
-	rkey, err := l.redisKey(key)
+	b, err := l.bucket(key, lims)
 	if err != nil {
 		return err
 	}
-	if lim, err = lim.resolve(); err != nil {
-		return err
-	}
-	span.limit(lim)
-	if err := lim.checkTokens(n); err != nil {
+	span.limit(b.lims[0])
+	if err := b.checkTokens(n); err != nil {
 		return err
 	}
 	if err := ctx.Err(); err != nil {
@@ -107,21 +115,21 @@ func (l *Limiter) WaitN(ctx context.Context, key string, lim Limit, n float64) (
 	for {
 		if mode := l.health.mode(); mode != ModeShared {
 			span.mode = mode
-			l.health.touch(rkey)
-			err := l.degradedWait(ctx, key, lim, n, mode)
+			l.health.touch(b)
+			err := l.degradedWait(ctx, b, n, mode)
 			if err == errAskAgain {
 				continue // Redis may be back by now
 			}
 			return err
 		}
 		maxWait, deadline := l.maxWait(ctx)
-		r, trips, err := l.bucketCall(ctx, rkey, opTake, lim, n, maxWait.Microseconds())
+		r, trips, err := l.call(ctx, b, opTake, n, maxWait.Microseconds(), nil)
 		span.trips += trips
 		if err != nil {
 			if cerr := l.classify(ctx, err); !errors.Is(cerr, ErrUnavailable) {
 				return cerr
 			}
-			l.health.trip(key, rkey, err)
+			l.health.trip(b, err)
 			continue // the policy serves this request too
 		}
 		l.workers.heartbeat()
@@ -130,7 +138,7 @@ func (l *Limiter) WaitN(ctx context.Context, key string, lim Limit, n float64) (
 				l.locals.granted(key, time.Now().Add(r.wait))
 			}
 			if err := sleep(ctx, r.wait); err != nil {
-				go l.refund(context.WithoutCancel(ctx), rkey, lim, n, r.tat)
+				go l.refund(context.WithoutCancel(ctx), b, n, r.tats)
 				return err
 			}
 			return nil
@@ -149,38 +157,49 @@ func (l *Limiter) WaitN(ctx context.Context, key string, lim Limit, n float64) (
 // health endpoint.
 func (l *Limiter) Mode() Mode { return l.health.mode() }
 
-// errAskAgain tells WaitN that the policy slept MaxWait without granting.
+// errAskAgain tells WaitAll that the policy slept MaxWait without granting.
 var errAskAgain = errors.New("quota: ask again")
 
 // degradedWait serves a request by the Policy while Redis is unavailable.
-func (l *Limiter) degradedWait(ctx context.Context, key string, lim Limit, n float64, mode Mode) error {
+func (l *Limiter) degradedWait(ctx context.Context, b bucket, n float64, mode Mode) error {
 	switch mode {
 	case ModeOpen:
 		l.health.served.Add(1)
 		return nil
 	case ModeLocal:
-		return l.localWait(ctx, key, lim, n)
+		return l.localWait(ctx, b, n)
 	}
 	l.health.refused.Add(1)
 	return fmt.Errorf("%w: %w", ErrUnavailable, l.health.lastCause())
 }
 
-// localWait waits for n tokens from this process's share of the bucket.
-func (l *Limiter) localWait(ctx context.Context, key string, lim Limit, n float64) error {
-	rl := l.locals.get(key, lim, l.workers.divisor(l.cfg.policy))
+// localWait waits for n tokens from this process's share of every layer.
+func (l *Limiter) localWait(ctx context.Context, b bucket, n float64) error {
 	tokens := int(math.Ceil(n))
-	if tokens > rl.Burst() {
-		l.health.refused.Add(1)
-		return fmt.Errorf("%w: %v tokens exceed this worker's local share of the burst, %d", ErrUnavailable, n, rl.Burst())
-	}
 	now := time.Now()
-	r := rl.ReserveN(now, tokens)
-	delay := r.DelayFrom(now)
+	var delay time.Duration
+	var rs []*rate.Reservation
+	cancel := func() {
+		for _, r := range rs {
+			r.CancelAt(now)
+		}
+	}
+	for i, lim := range b.lims {
+		rl := l.locals.get(b.name, b.keys[i], lim, l.workers.divisor(l.cfg.policy))
+		if tokens > rl.Burst() {
+			cancel()
+			l.health.refused.Add(1)
+			return fmt.Errorf("%w: %v tokens exceed this worker's local share of the burst, %d", ErrUnavailable, n, rl.Burst())
+		}
+		r := rl.ReserveN(now, tokens)
+		rs = append(rs, r)
+		delay = max(delay, r.DelayFrom(now))
+	}
 	maxWait, deadline := l.maxWait(ctx)
 	if delay > maxWait {
-		r.CancelAt(now)
+		cancel()
 		if deadline {
-			return fmt.Errorf("%w: %q needs %v", ErrWouldExceedDeadline, key, delay)
+			return fmt.Errorf("%w: %q needs %v", ErrWouldExceedDeadline, b.name, delay)
 		}
 		if err := sleep(ctx, maxWait); err != nil {
 			return err
@@ -188,7 +207,9 @@ func (l *Limiter) localWait(ctx context.Context, key string, lim Limit, n float6
 		return errAskAgain
 	}
 	if err := sleep(ctx, delay); err != nil {
-		r.Cancel()
+		for _, r := range rs {
+			r.Cancel()
+		}
 		return err
 	}
 	l.health.served.Add(1)
@@ -201,22 +222,18 @@ func (l *Limiter) localWait(ctx context.Context, key string, lim Limit, n float6
 // it waits for nothing.
 func (l *Limiter) settleLocal() {
 	for _, o := range l.locals.owing() {
-		rkey, err := l.redisKey(o.key)
-		if err != nil {
-			continue
-		}
 		ctx, cancel := context.WithTimeout(context.Background(), probeTimeout)
-		_, _, _ = l.bucketCall(ctx, rkey, opTake, o.lim, o.tokens, math.MaxInt64)
+		_, _, _ = l.call(ctx, bucket{keys: []string{o.rkey}, lims: []Limit{o.lim}}, opAdjust, o.tokens, 0, nil)
 		cancel()
 	}
 }
 
-// refund hands n tokens taken at tat back to the bucket after the caller
+// refund hands n tokens taken at tats back to the bucket after the caller
 // gave up waiting for them.
-func (l *Limiter) refund(ctx context.Context, rkey string, lim Limit, n float64, tat int64) {
+func (l *Limiter) refund(ctx context.Context, b bucket, n float64, tats []int64) {
 	ctx, cancel := context.WithTimeout(ctx, refundTimeout)
 	defer cancel()
-	if _, _, err := l.bucketCall(ctx, rkey, opRefund, lim, n, tat); err == nil {
+	if _, _, err := l.call(ctx, b, opRefund, n, 0, tats); err == nil {
 		l.obs.refunds.Add(ctx, 1)
 	}
 }

@@ -19,7 +19,8 @@ const DefaultPrefix = "quota:"
 const DefaultMaxWait = 5 * time.Second
 
 // An Option configures a Limiter or a Transport. Options that only a
-// Transport uses (WithBase, WithKey, WithLimits) are ignored by NewLimiter.
+// Transport uses (WithBase, WithKey, WithLimits, WithLayers, WithCost,
+// WithSettle, WithMaxPause, WithProviderHeaders) are ignored by NewLimiter.
 type Option interface {
 	apply(*config)
 }
@@ -41,19 +42,25 @@ type config struct {
 	name           string
 
 	// Transport
-	base   http.RoundTripper
-	key    KeyFunc
-	limits map[string]Limit
+	base            http.RoundTripper
+	key             KeyFunc
+	limits          map[string]Limit
+	layers          []Limit
+	cost            func(*http.Request) float64
+	settle          func(*http.Response) (float64, bool)
+	maxPause        time.Duration
+	providerHeaders bool
 }
 
 func newConfig(opts []Option) config {
 	c := config{
-		prefix:  DefaultPrefix,
-		maxWait: DefaultMaxWait,
-		policy:  FailClosed,
-		logger:  slog.Default(),
-		base:    http.DefaultTransport,
-		key:     Host,
+		prefix:   DefaultPrefix,
+		maxWait:  DefaultMaxWait,
+		policy:   FailClosed,
+		logger:   slog.Default(),
+		base:     http.DefaultTransport,
+		key:      Host,
+		maxPause: DefaultMaxPause,
 	}
 	for _, o := range opts {
 		o.apply(&c)
@@ -162,4 +169,61 @@ func WithLimits(m map[string]Limit) Option {
 		cp[k] = v
 	}
 	return optionFunc(func(c *config) { c.limits = cp })
+}
+
+// WithLayers makes every bucket of a Transport obey lims as well as its own
+// Limit, as providers publish layered limits: PerSecond(10) for the bucket
+// and WithLayers(PerMinute(300), PerDay(10000)). Each request takes its
+// tokens from every layer in one script call, all or nothing.
+func WithLayers(lims ...Limit) Option {
+	cp := append([]Limit(nil), lims...)
+	return optionFunc(func(c *config) { c.layers = cp })
+}
+
+// WithCost sets how many tokens a request takes, 1 by default: a batch
+// endpoint, or an LLM call priced by its size. A cost that is not a finite
+// number above zero fails the request with ErrInvalidTokens, and one larger
+// than the burst with ErrExceedsBurst, before anything is sent. It panics
+// if f is nil.
+func WithCost(f func(*http.Request) float64) Option {
+	if f == nil {
+		panic("quota: WithCost(nil)")
+	}
+	return optionFunc(func(c *config) { c.cost = f })
+}
+
+// WithSettle makes a Transport settle each request's cost once its response
+// arrives: f reads what the request really cost (from a usage header, say)
+// and reports false when the response does not say. Tokens the cost of
+// WithCost missed are then taken from the bucket, without waiting, so that
+// the next callers wait for them; tokens it overcounted are given back. It
+// panics if f is nil.
+func WithSettle(f func(*http.Response) (float64, bool)) Option {
+	if f == nil {
+		panic("quota: WithSettle(nil)")
+	}
+	return optionFunc(func(c *config) { c.settle = f })
+}
+
+// WithMaxPause bounds the pause that a provider's 429 or 503 response with
+// Retry-After puts on the whole bucket, DefaultMaxPause (5 minutes) by
+// default, so that a hostile or broken header cannot stop the fleet for a
+// day. Zero turns the pause off: each worker then finds the 429 on its own.
+// It panics if d is negative.
+func WithMaxPause(d time.Duration) Option {
+	if d < 0 {
+		panic(fmt.Sprintf("quota: WithMaxPause(%v): the pause must not be negative", d))
+	}
+	return optionFunc(func(c *config) { c.maxPause = d })
+}
+
+// WithProviderHeaders makes a Transport read the provider's rate-limit
+// header fields (RateLimit, RateLimit-Remaining, X-RateLimit-Remaining and
+// their resets): when the provider says fewer requests remain than the
+// bucket holds, the bucket is lowered to match, never raised. The fleet then
+// follows the provider's own count, for example when another system shares
+// the account. It costs one more Redis call for responses that report fewer
+// remaining than the burst.
+func WithProviderHeaders() Option {
+	return optionFunc(func(c *config) { c.providerHeaders = true })
 }

@@ -1,24 +1,34 @@
 package quota
 
 import (
+	"context"
 	"fmt"
+	"math"
 	"net/http"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
+
+// afterTimeout bounds the Redis call a Transport makes after a response:
+// a pause, a lowering or a settlement.
+const afterTimeout = time.Second
 
 // Transport is an http.RoundTripper that waits for a token from the
 // request's bucket before handing the request to its base RoundTripper. Set
 // it as an http.Client's Transport; under a retrying client every attempt
 // takes its own token.
 //
+// What the provider answers flows back into the bucket: a 429 or 503 with
+// Retry-After pauses the bucket for the whole fleet (see WithMaxPause), and
+// on request its rate-limit headers lower it (WithProviderHeaders) and its
+// real costs settle it (WithSettle).
+//
 // A Transport is safe for concurrent use and never modifies the request.
 type Transport struct {
 	limiter *Limiter
-	base    http.RoundTripper
-	key     KeyFunc
+	cfg     config
 	limit   Limit
-	limits  map[string]Limit
 }
 
 var _ http.RoundTripper = (*Transport)(nil)
@@ -29,30 +39,74 @@ var _ http.RoundTripper = (*Transport)(nil)
 // the request's host. It panics if rdb is nil.
 func NewTransport(rdb redis.Scripter, lim Limit, opts ...Option) *Transport {
 	l := NewLimiter(rdb, opts...)
-	return &Transport{
-		limiter: l,
-		base:    l.cfg.base,
-		key:     l.cfg.key,
-		limit:   lim,
-		limits:  l.cfg.limits,
-	}
+	return &Transport{limiter: l, cfg: l.cfg, limit: lim}
 }
 
 // RoundTrip waits for a token, then sends req with the base RoundTripper.
-// When no token can be had (an invalid Limit or key, the request's context
-// ending, Redis unavailable under FailClosed) it closes the request body
-// and returns the Limiter's error without sending anything.
+// When no token can be had (an invalid Limit, cost or key, the request's
+// context ending, Redis unavailable under FailClosed) it closes the request
+// body and returns the Limiter's error without sending anything.
 func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
-	name, err := t.key(req)
+	name, err := t.cfg.key(req)
 	if err != nil {
 		closeBody(req)
 		return nil, fmt.Errorf("%w: %w", ErrInvalidKey, err)
 	}
-	if err := t.limiter.Wait(req.Context(), name, t.limitFor(name)); err != nil {
+	lims := t.limitsFor(name)
+	cost := 1.0
+	if t.cfg.cost != nil {
+		cost = t.cfg.cost(req)
+	}
+	if err := t.limiter.WaitAll(req.Context(), name, cost, lims...); err != nil {
 		closeBody(req)
 		return nil, err
 	}
-	return t.base.RoundTrip(req)
+	resp, err := t.cfg.base.RoundTrip(req)
+	if err == nil {
+		t.learn(req.Context(), name, lims, cost, resp)
+	}
+	return resp, err
+}
+
+// learn passes on to the bucket what the response says of the provider's
+// limit. It does nothing while Redis is unavailable.
+func (t *Transport) learn(ctx context.Context, name string, lims []Limit, cost float64, resp *http.Response) {
+	var ops []func(context.Context, bucket) error
+	now := time.Now()
+	if d, ok := retryAfter(resp, now); ok && t.cfg.maxPause > 0 {
+		ops = append(ops, func(ctx context.Context, b bucket) error {
+			return t.limiter.pause(ctx, b, min(d, t.cfg.maxPause))
+		})
+	}
+	if t.cfg.providerHeaders {
+		if remaining, reset, ok := rateLimitHeaders(resp.Header, now); ok {
+			ops = append(ops, func(ctx context.Context, b bucket) error {
+				if remaining < 1 && reset > 0 && t.cfg.maxPause > 0 {
+					return t.limiter.pause(ctx, b, min(reset, t.cfg.maxPause))
+				}
+				return t.limiter.lower(ctx, b, remaining)
+			})
+		}
+	}
+	if t.cfg.settle != nil {
+		if real, ok := t.cfg.settle(resp); ok && real >= 0 && !math.IsInf(real, 0) && real != cost {
+			ops = append(ops, func(ctx context.Context, b bucket) error {
+				return t.limiter.adjust(ctx, b, real-cost)
+			})
+		}
+	}
+	if len(ops) == 0 || t.limiter.Mode() != ModeShared {
+		return
+	}
+	b, err := t.limiter.bucket(name, lims)
+	if err != nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), afterTimeout)
+	defer cancel()
+	for _, op := range ops {
+		_ = op(ctx, b)
+	}
 }
 
 // Limiter returns the Limiter the Transport takes its tokens from.
@@ -61,16 +115,22 @@ func (t *Transport) Limiter() *Limiter { return t.limiter }
 // CloseIdleConnections closes the idle connections of the base
 // RoundTripper, if it has any.
 func (t *Transport) CloseIdleConnections() {
-	if c, ok := t.base.(interface{ CloseIdleConnections() }); ok {
+	if c, ok := t.cfg.base.(interface{ CloseIdleConnections() }); ok {
 		c.CloseIdleConnections()
 	}
 }
 
-func (t *Transport) limitFor(name string) Limit {
-	if l, ok := t.limits[name]; ok {
-		return l
+// limitsFor returns the layers of the bucket named name: its own Limit,
+// then those of WithLayers.
+func (t *Transport) limitsFor(name string) []Limit {
+	lim, ok := t.cfg.limits[name]
+	if !ok {
+		lim = t.limit
 	}
-	return t.limit
+	if len(t.cfg.layers) == 0 {
+		return []Limit{lim}
+	}
+	return append([]Limit{lim}, t.cfg.layers...)
 }
 
 func closeBody(req *http.Request) {

@@ -397,22 +397,23 @@ func TestRefundKeepsLaterCallersPlaces(t *testing.T) {
 	l := NewLimiter(rdb)
 	lim := Limit{Rate: 10, Burst: 1}
 	ctx := context.Background()
-	call := func(op string, arg int64) reply {
-		r, _, err := l.bucketCall(ctx, "quota:{k}", op, lim, 1, arg)
+	b := oneLayer("quota:{k}", lim)
+	call := func(op string, arg int64, mine []int64) reply {
+		r, _, err := l.call(ctx, b, op, 1, arg, mine)
 		if err != nil {
 			t.Fatal(err)
 		}
 		return r
 	}
-	call("take", 0)        // the one token
-	a := call("take", 1e6) // queued 100ms out
-	b := call("take", 1e6) // queued 200ms out, behind a
+	call(opTake, 0, nil)             // the one token
+	first := call(opTake, 1e6, nil)  // queued 100ms out
+	second := call(opTake, 1e6, nil) // queued 200ms out, behind the first
 	before, _ := mr.Get("quota:{k}")
-	call("refund", a.tat) // a gives up: b's place stays promised
+	call(opRefund, 0, first.tats) // the first gives up: the second's place stays promised
 	if after, _ := mr.Get("quota:{k}"); after != before {
 		t.Errorf("refund of a take with a later one queued behind it changed the bucket from %s to %s", before, after)
 	}
-	call("refund", b.tat) // b gives up: the tail is handed back
+	call(opRefund, 0, second.tats) // the second gives up: the tail is handed back
 	if after, _ := mr.Get("quota:{k}"); after == before {
 		t.Error("refund of the last take changed nothing")
 	}
@@ -514,4 +515,9 @@ func TestAllow(t *testing.T) {
 	if sent.Load() != 2 || cmds.Load() != 2 {
 		t.Errorf("%d requests sent with %d Redis commands, want 2 and 2", sent.Load(), cmds.Load())
 	}
+}
+
+// oneLayer is the bucket of a single Limit under the Redis key rkey.
+func oneLayer(rkey string, lim Limit) bucket {
+	return bucket{name: rkey, keys: []string{rkey}, lims: []Limit{lim}}
 }

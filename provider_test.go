@@ -1,0 +1,279 @@
+package quota
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-retryablehttp"
+	"github.com/redis/go-redis/v9"
+)
+
+func TestRetryAfter(t *testing.T) {
+	now := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+	for _, tc := range []struct {
+		status int
+		value  string
+		want   time.Duration
+		ok     bool
+	}{
+		{429, "2", 2 * time.Second, true},
+		{503, "0.5", 500 * time.Millisecond, true},
+		{429, now.Add(90 * time.Second).Format(http.TimeFormat), 90 * time.Second, true},
+		{429, now.Add(-time.Second).Format(http.TimeFormat), 0, false},
+		{429, "", 0, false},
+		{429, "-3", 0, false},
+		{429, "soon", 0, false},
+		{429, "1e300", 0, false},
+		{200, "2", 0, false},
+		{500, "2", 0, false},
+	} {
+		resp := &http.Response{StatusCode: tc.status, Header: http.Header{}}
+		if tc.value != "" {
+			resp.Header.Set("Retry-After", tc.value)
+		}
+		got, ok := retryAfter(resp, now)
+		if got != tc.want || ok != tc.ok {
+			t.Errorf("%d Retry-After %q = %v, %v; want %v, %v", tc.status, tc.value, got, ok, tc.want, tc.ok)
+		}
+	}
+}
+
+func TestRateLimitHeaders(t *testing.T) {
+	now := time.Unix(1_800_000_000, 0)
+	for _, tc := range []struct {
+		name      string
+		header    http.Header
+		remaining float64
+		reset     time.Duration
+		ok        bool
+	}{
+		{"structured", http.Header{"Ratelimit": {`"default";r=50;t=30`}}, 50, 30 * time.Second, true},
+		{"structured, two policies", http.Header{"Ratelimit": {`"second";r=7;t=1, "day";r=2;t=3600`}}, 2, time.Hour, true},
+		{"earlier draft", http.Header{"Ratelimit": {"limit=100, remaining=5, reset=10"}}, 5, 10 * time.Second, true},
+		{"separate fields", http.Header{"Ratelimit-Remaining": {"3"}, "Ratelimit-Reset": {"4"}}, 3, 4 * time.Second, true},
+		{"x- with seconds", http.Header{"X-Ratelimit-Remaining": {"9"}, "X-Ratelimit-Reset": {"20"}}, 9, 20 * time.Second, true},
+		{"x- with a Unix time", http.Header{"X-Ratelimit-Remaining": {"0"}, "X-Ratelimit-Reset": {strconv.Itoa(1_800_000_060)}}, 0, time.Minute, true},
+		{"the fewest wins", http.Header{"X-Ratelimit-Remaining": {"9"}, "Ratelimit-Remaining": {"4"}}, 4, 0, true},
+		{"nothing", http.Header{"X-Other": {"1"}}, 0, 0, false},
+		{"garbage", http.Header{"X-Ratelimit-Remaining": {"lots"}, "Ratelimit": {"r=;t=x"}}, 0, 0, false},
+		{"negative", http.Header{"X-Ratelimit-Remaining": {"-1"}}, 0, 0, false},
+	} {
+		remaining, reset, ok := rateLimitHeaders(tc.header, now)
+		if ok != tc.ok || (ok && (remaining != tc.remaining || reset != tc.reset)) {
+			t.Errorf("%s: %v, %v, %v; want %v, %v, %v", tc.name, remaining, reset, ok, tc.remaining, tc.reset, tc.ok)
+		}
+	}
+}
+
+// answering is a provider whose handler the test sets.
+func answering(t *testing.T, h http.HandlerFunc) *httptest.Server {
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+func getVia(t *testing.T, tr http.RoundTripper, ctx context.Context, url string, header http.Header) error {
+	t.Helper()
+	req, _ := http.NewRequestWithContext(ctx, "GET", url, nil)
+	for k, v := range header {
+		req.Header[k] = v
+	}
+	resp, err := tr.RoundTrip(req)
+	if err == nil {
+		resp.Body.Close()
+	}
+	return err
+}
+
+// timeToToken returns how long a Wait on the provider's bucket takes.
+func timeToToken(t *testing.T, l *Limiter, name string, lim Limit) time.Duration {
+	t.Helper()
+	start := time.Now()
+	if err := l.Wait(context.Background(), name, lim); err != nil {
+		t.Fatal(err)
+	}
+	return time.Since(start)
+}
+
+func TestRetryAfterPausesTheFleet(t *testing.T) {
+	_, rdb, _ := newMini(t)
+	var status atomic.Int64
+	status.Store(200)
+	prov := answering(t, func(w http.ResponseWriter, r *http.Request) {
+		if s := int(status.Load()); s != 200 {
+			w.Header().Set("Retry-After", "1")
+			w.WriteHeader(s)
+		}
+	})
+	name, _ := Host(httptest.NewRequest("GET", prov.URL, nil))
+	lim := PerSecond(100)
+	first := NewTransport(rdb, lim)
+	other := NewLimiter(rdb) // another worker of the fleet
+
+	status.Store(429)
+	if err := getVia(t, first, context.Background(), prov.URL, nil); err != nil {
+		t.Fatal(err)
+	}
+	// The other worker never saw the 429, and still waits out the pause.
+	if d := timeToToken(t, other, name, lim); d < 900*time.Millisecond || d > 1200*time.Millisecond {
+		t.Errorf("the next token came %v after a 429 with Retry-After: 1, want about 1s", d)
+	}
+
+	status.Store(200)
+	if d := timeToToken(t, other, name, lim); d > 50*time.Millisecond {
+		t.Errorf("after the pause a token took %v", d)
+	}
+}
+
+func TestMaxPause(t *testing.T) {
+	for _, tc := range []struct {
+		opt  Option
+		want time.Duration
+	}{
+		{WithMaxPause(200 * time.Millisecond), 200 * time.Millisecond},
+		{WithMaxPause(0), 0},
+	} {
+		_, rdb, _ := newMini(t)
+		prov := answering(t, func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Retry-After", "86400") // a day
+			w.WriteHeader(503)
+		})
+		name, _ := Host(httptest.NewRequest("GET", prov.URL, nil))
+		lim := PerSecond(100)
+		if err := getVia(t, NewTransport(rdb, lim, tc.opt), context.Background(), prov.URL, nil); err != nil {
+			t.Fatal(err)
+		}
+		if d := timeToToken(t, NewLimiter(rdb), name, lim); d < tc.want-20*time.Millisecond || d > tc.want+150*time.Millisecond {
+			t.Errorf("max pause %v: the next token came after %v", tc.want, d)
+		}
+	}
+	mustPanic(t, "WithMaxPause(-1)", func() { WithMaxPause(-1) })
+}
+
+// retryablehttp sleeps the Retry-After itself, and the bucket's pause ends
+// at the same instant: the retry waits once, not twice.
+func TestRetryAfterIsNotDoubledByRetryablehttp(t *testing.T) {
+	_, rdb, _ := newMini(t)
+	prov := statusSequence(t, http.StatusTooManyRequests)
+	sent := &attemptCounter{next: http.DefaultTransport}
+	client := retryingClient(NewTransport(rdb, PerSecond(100), WithBase(sent)))
+	resp, err := client.Get(prov.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if sent.count() != 2 {
+		t.Fatalf("%d attempts, want 2", sent.count())
+	}
+	gap := sent.times[1].Sub(sent.times[0])
+	t.Logf("the retry came %v after the 429 with Retry-After: 1", gap)
+	if gap < 950*time.Millisecond || gap > 1400*time.Millisecond {
+		t.Errorf("the retry came %v after the 429, want about 1s, not 2", gap)
+	}
+	var _ retryablehttp.CheckRetry = CheckRetry(retryablehttp.DefaultRetryPolicy)
+}
+
+func TestProviderHeadersLowerTheBucket(t *testing.T) {
+	_, rdb, _ := newMini(t)
+	var remaining atomic.Int64
+	prov := answering(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("X-RateLimit-Remaining", strconv.FormatInt(remaining.Load(), 10))
+	})
+	name, _ := Host(httptest.NewRequest("GET", prov.URL, nil))
+	lim := Limit{Rate: 1, Burst: 10}
+	tr := NewTransport(rdb, lim, WithProviderHeaders())
+	other := NewLimiter(rdb)
+	tokensLeft := func() int {
+		n := 0
+		for {
+			ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+			err := other.Wait(ctx, name, lim)
+			cancel()
+			if err != nil {
+				return n
+			}
+			n++
+		}
+	}
+
+	// The provider counts 3 left where the bucket holds 9: lowered to 3.
+	remaining.Store(3)
+	if err := getVia(t, tr, context.Background(), prov.URL, nil); err != nil {
+		t.Fatal(err)
+	}
+	if n := tokensLeft(); n != 3 {
+		t.Errorf("%d tokens after the provider said 3 remain, want 3", n)
+	}
+	// The provider counts more than the bucket holds: never raised.
+	remaining.Store(100)
+	time.Sleep(1100 * time.Millisecond) // one token accrues
+	if err := getVia(t, tr, context.Background(), prov.URL, nil); err != nil {
+		t.Fatal(err)
+	}
+	if n := tokensLeft(); n != 0 {
+		t.Errorf("%d tokens after the provider said 100 remain, want the bucket's 0", n)
+	}
+}
+
+func TestCostAndSettle(t *testing.T) {
+	_, rdb, cmds := newMini(t)
+	prov := answering(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("X-Usage", r.Header.Get("X-Real"))
+	})
+	name, _ := Host(httptest.NewRequest("GET", prov.URL, nil))
+	lim := Limit{Rate: 1, Burst: 10}
+	cost := func(r *http.Request) float64 { f, _ := strconv.ParseFloat(r.Header.Get("X-Estimate"), 64); return f }
+	settle := func(resp *http.Response) (float64, bool) {
+		f, err := strconv.ParseFloat(resp.Header.Get("X-Usage"), 64)
+		return f, err == nil
+	}
+	tr := NewTransport(rdb, lim, WithCost(cost), WithSettle(settle))
+	other := NewLimiter(rdb)
+	canTake := func(n float64) bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+		defer cancel()
+		return other.WaitN(ctx, name, lim, n) == nil
+	}
+	send := func(estimate, real string) error {
+		return getVia(t, tr, context.Background(), prov.URL, http.Header{"X-Estimate": {estimate}, "X-Real": {real}})
+	}
+
+	// Estimated 5, really 2: 3 come back, 8 remain.
+	if err := send("5", "2"); err != nil {
+		t.Fatal(err)
+	}
+	if canTake(8.5) || !canTake(8) {
+		t.Error("after an estimate of 5 settled at 2, want 8 tokens left")
+	}
+	// The bucket is empty; wait for 6, then estimate 2, really 6.
+	time.Sleep(6 * time.Second / 1)
+	if err := send("2", "6"); err != nil {
+		t.Fatal(err)
+	}
+	if canTake(0.5) {
+		t.Error("after an estimate of 2 settled at 6, want no token left")
+	}
+
+	cmds.Store(0)
+	for _, c := range []struct {
+		estimate string
+		want     error
+	}{{"11", ErrExceedsBurst}, {"0", ErrInvalidTokens}, {"-1", ErrInvalidTokens}, {"NaN", ErrInvalidTokens}} {
+		if err := send(c.estimate, "1"); !errors.Is(err, c.want) {
+			t.Errorf("cost %s: err = %v, want %v", c.estimate, err, c.want)
+		}
+	}
+	if cmds.Load() != 0 {
+		t.Errorf("invalid costs sent %d Redis commands", cmds.Load())
+	}
+	mustPanic(t, "WithCost(nil)", func() { WithCost(nil) })
+	mustPanic(t, "WithSettle(nil)", func() { WithSettle(nil) })
+}
+
+var _ redis.Scripter = (*redis.Client)(nil)
