@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"net/http"
 	"os"
 	"os/exec"
 	"slices"
@@ -274,6 +275,8 @@ type workerSpec struct {
 	Start      time.Time
 	Duration   time.Duration
 	Naive      bool
+	Layers     []Limit // more Limits the bucket obeys, taken with WaitAll
+	URL        string  // when set, GET it through a Transport instead
 }
 
 type workerReport struct {
@@ -298,7 +301,19 @@ func runWorker() int {
 	defer rdb.Close()
 	rdb.AddHook(countHook{&cmds})
 	l := NewLimiter(rdb)
-	acquire := func(ctx context.Context) error { return l.Wait(ctx, spec.Key, spec.Limit) }
+	acquire := func(ctx context.Context) error {
+		return l.WaitAll(ctx, spec.Key, 1, append([]Limit{spec.Limit}, spec.Layers...)...)
+	}
+	if spec.URL != "" {
+		client := &http.Client{Transport: NewTransport(rdb, spec.Limit)}
+		acquire = func(ctx context.Context) error {
+			resp, err := client.Get(spec.URL)
+			if err == nil {
+				resp.Body.Close()
+			}
+			return err
+		}
+	}
 	if spec.Naive {
 		key, _ := l.redisKey(spec.Key)
 		acquire = func(ctx context.Context) error { return naiveWait(ctx, rdb.(*redis.Client), key, spec.Limit) }

@@ -1,0 +1,136 @@
+package quota
+
+import (
+	"context"
+	"math"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sharedquota/quota/internal/redistest"
+)
+
+// threeLayers bind in turn: the first over a fraction of a second, the
+// second over a second or two, the third beyond.
+var threeLayers = []Limit{{Rate: 20, Burst: 4}, {Rate: 10, Burst: 8}, {Rate: 6, Burst: 12}}
+
+// checkLayers asserts that in windows of several lengths the grants obey
+// every layer's bound, and reports the Redis commands per grant.
+func checkLayers(t *testing.T, reports []workerReport, layers []Limit) {
+	t.Helper()
+	grants := mergeGrants(reports)
+	var cmds int64
+	for _, r := range reports {
+		cmds += r.Commands
+	}
+	perGrant := float64(cmds) / float64(len(grants))
+	t.Logf("%d grants, %d Redis commands: %.3f per grant with %d layers", len(grants), cmds, perGrant, len(layers))
+	if perGrant > 1.1 {
+		t.Errorf("%.3f Redis commands per grant, want at most 1.1", perGrant)
+	}
+	for _, w := range []time.Duration{250 * time.Millisecond, time.Second, 2 * time.Second} {
+		got := maxInWindow(grants, w)
+		for i, lim := range layers {
+			if limit := bound(lim, w+stampSlack); got > limit {
+				t.Errorf("%d grants in a %v window, layer %d (%v) allows %d", got, w, i+1, lim, limit)
+			}
+		}
+		t.Logf("at most %d grants in any %v window", got, w)
+	}
+	// The slowest layer binds in the long run: it must not starve callers.
+	if want := 28; len(grants) < want { // 90% of Burst 12 + 6/s for 3s
+		t.Errorf("%d grants in 3s, want at least %d", len(grants), want)
+	}
+}
+
+func TestLayersAcrossProcesses(t *testing.T) {
+	srv := redistest.Start(t)
+	reports := runWorkers(t, 3, workerSpec{Addr: srv.Addr(), Key: "layers", Limit: threeLayers[0], Layers: threeLayers[1:], Goroutines: 10, Duration: 3 * time.Second})
+	checkLayers(t, reports, threeLayers)
+}
+
+func TestLayersOnCluster(t *testing.T) {
+	cluster := redistest.StartCluster(t, 3, 1)
+	cc := cluster.Client(t)
+	l := NewLimiter(cc)
+	b, err := l.bucket("layers-cluster", threeLayers)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Every layer's key is in the bucket's slot: a CROSSSLOT reply is
+	// impossible by construction.
+	for _, key := range b.keys {
+		slot, err := cc.ClusterKeySlot(context.Background(), key).Result()
+		first, _ := cc.ClusterKeySlot(context.Background(), b.keys[0]).Result()
+		if err != nil || slot != first {
+			t.Fatalf("%s is in slot %d, the bucket in %d (%v)", key, slot, first, err)
+		}
+	}
+	reports := runWorkers(t, 3, workerSpec{Cluster: cluster.Addrs(), Key: "layers-cluster", Limit: threeLayers[0], Layers: threeLayers[1:], Goroutines: 10, Duration: 3 * time.Second})
+	checkLayers(t, reports, threeLayers)
+}
+
+// A provider's 429 pauses every worker process, not only the one that got
+// it. Requests granted before the 429 and still sleeping go out; every take
+// after it waits out the pause.
+func TestRetryAfterPausesProcesses(t *testing.T) {
+	srv := redistest.Start(t)
+	var (
+		mu       sync.Mutex
+		arrivals []time.Time
+		first429 time.Time
+	)
+	const pause = 2 * time.Second
+	prov := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		now := time.Now()
+		mu.Lock()
+		defer mu.Unlock()
+		arrivals = append(arrivals, now)
+		if len(arrivals) == 30 { // one 429, a while into the run
+			first429 = now
+			w.Header().Set("Retry-After", "2")
+			w.WriteHeader(http.StatusTooManyRequests)
+		}
+	}))
+	defer prov.Close()
+
+	reports := runWorkers(t, 3, workerSpec{Addr: srv.Addr(), Key: strings.TrimPrefix(prov.URL, "http://"), URL: prov.URL,
+		Limit: Limit{Rate: 20, Burst: 5}, Goroutines: 3, Duration: 5 * time.Second})
+	_ = reports
+	mu.Lock()
+	defer mu.Unlock()
+	if first429.IsZero() {
+		t.Fatal("the provider never answered 429")
+	}
+	var last time.Time // the last arrival during the pause
+	during := 0
+	for _, a := range arrivals {
+		if a.After(first429) && a.Before(first429.Add(pause)) {
+			during++
+			last = a
+		}
+	}
+	after := 0
+	for _, a := range arrivals {
+		if !a.Before(first429.Add(pause)) {
+			after++
+		}
+	}
+	stopped := time.Duration(0)
+	if during > 0 {
+		stopped = last.Sub(first429)
+	}
+	t.Logf("3 processes x 3 goroutines: after the first 429 the fleet sent %d more requests, the last %v later, then nothing until the pause of %v ended; %d after it",
+		during, stopped.Round(time.Millisecond), pause, after)
+	// At 20/s with 9 callers, at most 9 grants were waiting when the 429
+	// came: they go out within half a second.
+	if stopped > 600*time.Millisecond || during > 10 {
+		t.Errorf("the fleet kept sending for %v (%d requests) after the 429", stopped, during)
+	}
+	if after < int(0.5*20*math.Max(0, (5*time.Second-pause).Seconds()-2)) {
+		t.Errorf("%d requests after the pause, want the traffic to resume", after)
+	}
+}
