@@ -43,6 +43,15 @@ func ExampleNewTransport_regions() {
 	_ = client
 }
 
+// A provider that allows 10 requests a second, 300 a minute and 10,000 a
+// day: every request takes a token from all three layers in one Redis call.
+func ExampleWithLayers() {
+	rdb := redis.NewClient(&redis.Options{Addr: "localhost:6379"})
+	client := &http.Client{Transport: quota.NewTransport(rdb, quota.PerSecond(10),
+		quota.WithLayers(quota.PerMinute(300), quota.PerDay(10000)))}
+	_ = client
+}
+
 // A Limiter gates work that is not an HTTP request.
 func ExampleLimiter_Wait() {
 	rdb := redis.NewClient(&redis.Options{Addr: "localhost:6379"})

@@ -32,6 +32,9 @@ func PerMinute(n float64) Limit { return Limit{Rate: n / 60} }
 // PerHour returns a Limit of n tokens per hour with the default burst.
 func PerHour(n float64) Limit { return Limit{Rate: n / 3600} }
 
+// PerDay returns a Limit of n tokens per day with the default burst.
+func PerDay(n float64) Limit { return Limit{Rate: n / 86400} }
+
 // String describes the Limit, for example "5/s burst 15".
 func (l Limit) String() string {
 	return strconv.FormatFloat(l.Rate, 'g', -1, 64) + "/s burst " +
