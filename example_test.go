@@ -47,8 +47,10 @@ func ExampleNewTransport_regions() {
 // day: every request takes a token from all three layers in one Redis call.
 func ExampleWithLayers() {
 	rdb := redis.NewClient(&redis.Options{Addr: "localhost:6379"})
+	day := quota.PerDay(10000)
+	day.Burst = 1000 // a long window's layer may burst more than three seconds' worth
 	client := &http.Client{Transport: quota.NewTransport(rdb, quota.PerSecond(10),
-		quota.WithLayers(quota.PerMinute(300), quota.PerDay(10000)))}
+		quota.WithLayers(quota.PerMinute(300), day))}
 	_ = client
 }
 
