@@ -11,12 +11,25 @@
 //	rdb := redis.NewClient(&redis.Options{Addr: "localhost:6379"})
 //	client := &http.Client{Transport: quota.NewTransport(rdb, quota.PerMinute(300))}
 //
-// Each request then waits for a token from the bucket of its host. A
-// Limiter serves work that is not HTTP.
+// Each request then waits for a token from the bucket of its host (see
+// KeyFunc). A Limiter serves work that is not HTTP.
 //
 // Every acquisition costs one Redis round trip, however many callers
 // contend: the script takes the tokens at once, letting the bucket run into
 // debt, and replies how long until they accrue. The caller sleeps that long
 // once and proceeds, so callers are served first come, first served across
 // the fleet, and nobody polls.
+//
+// While Redis is unavailable a Policy decides: FailClosed (the default),
+// FallbackLocal or FailOpen. A breaker keeps requests from paying a Redis
+// timeout each, every change of mode is logged, and Limiter.Mode reports the
+// current one.
+//
+// What the provider answers flows back into the bucket: a 429 with
+// Retry-After pauses it for the whole fleet, and on request its rate-limit
+// headers lower it (WithProviderHeaders) and its stated costs settle it
+// (WithCost, WithSettle). A bucket may obey several limits at once
+// (WithLayers, Limiter.WaitAll).
+//
+// Spans and metrics go to OpenTelemetry through its API (see ScopeName).
 package quota
