@@ -120,7 +120,7 @@ func (l *Limiter) pause(ctx context.Context, b bucket, d time.Duration) error {
 	return err
 }
 
-// lower leaves every layer of b at most remaining tokens.
+// lower leaves every layer of b at most remaining tokens, never raising it.
 func (l *Limiter) lower(ctx context.Context, b bucket, remaining float64) error {
 	for _, lim := range b.lims {
 		if remaining < lim.Burst {

@@ -11,16 +11,21 @@ import (
 
 // localLimiters holds the in-process limiters of FallbackLocal, one per
 // layer of each bucket, created when an outage first needs them, and what
-// the Limiter knows of each bucket's schedule from before the outage.
+// the Limiter knows of each bucket's queue from before the outage.
 type localLimiters struct {
-	// due maps a bucket name to when the latest grant this Limiter had from
-	// the shared bucket falls due (*atomic.Int64, unix ns). A take joins the
-	// end of the bucket's queue, so that is also where the fleet's schedule
-	// ended when this Limiter last looked.
-	due sync.Map
+	// queues maps a bucket name to what this Limiter last saw of its queue
+	// (*queue). A take joins the end of the bucket's queue, so its wait is
+	// how far the fleet's grants then reached beyond now.
+	queues sync.Map
 
 	mu sync.Mutex
 	m  map[string]*localLimiter // by the layer's Redis key
+}
+
+// queue is the end of a bucket's queue as a Limiter last saw it.
+type queue struct {
+	due  atomic.Int64 // when the latest grant it had falls due, unix ns
+	wait atomic.Int64 // the wait of its latest take, ns
 }
 
 type localLimiter struct {
@@ -29,32 +34,46 @@ type localLimiter struct {
 	*rate.Limiter
 }
 
-// owed is one layer's tokens that its local limiter has promised beyond
-// now, which the shared bucket must be charged when it resumes.
-type owed struct {
+// share is one layer's local limiter at the end of an outage: the tokens
+// it holds, below zero when it has promised more to callers still sleeping.
+type share struct {
 	rkey   string
 	lim    Limit
 	tokens float64
 }
 
-// granted notes that the shared bucket granted key's tokens, due at at.
-func (ls *localLimiters) granted(key string, at time.Time) {
-	v, ok := ls.due.Load(key)
+// granted notes that the shared bucket granted key's tokens after wait.
+func (ls *localLimiters) granted(key string, wait time.Duration) {
+	v, ok := ls.queues.Load(key)
 	if !ok {
-		v, _ = ls.due.LoadOrStore(key, new(atomic.Int64))
+		v, _ = ls.queues.LoadOrStore(key, new(queue))
 	}
-	due, t := v.(*atomic.Int64), at.UnixNano()
+	q, due := v.(*queue), time.Now().Add(wait).UnixNano()
+	q.wait.Store(int64(wait))
 	for {
-		old := due.Load()
-		if old >= t || due.CompareAndSwap(old, t) {
+		old := q.due.Load()
+		if old >= due || q.due.CompareAndSwap(old, due) {
 			return
 		}
 	}
 }
 
+// ahead returns how far beyond now the fleet's shared grants of key may
+// still fall due: at least as far as this Limiter's own, and, as other
+// workers kept joining the queue after this one's last take, as far as the
+// queue then reached.
+func (ls *localLimiters) ahead(key string) time.Duration {
+	v, ok := ls.queues.Load(key)
+	if !ok {
+		return 0
+	}
+	q := v.(*queue)
+	return max(time.Until(time.Unix(0, q.due.Load())), time.Duration(q.wait.Load()), 0)
+}
+
 // get returns the local limiter for the layer rkey of the bucket named key
 // at lim divided by workers. A new one starts empty and owes the tokens that
-// accrue until the shared bucket's last known grant falls due.
+// accrue until the fleet's shared grants have fallen due.
 func (ls *localLimiters) get(key, rkey string, lim Limit, workers int) *rate.Limiter {
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
@@ -68,12 +87,7 @@ func (ls *localLimiters) get(key, rkey string, lim Limit, workers int) *rate.Lim
 	r, burst := lim.Rate/w, int(math.Max(1, math.Floor(lim.Burst/w)))
 	rl := rate.NewLimiter(rate.Limit(r), burst)
 	now := time.Now()
-	owed := burst
-	if v, ok := ls.due.Load(key); ok {
-		if ahead := time.Unix(0, v.(*atomic.Int64).Load()).Sub(now); ahead > 0 {
-			owed += int(math.Ceil(ahead.Seconds() * r))
-		}
-	}
+	owed := burst + int(math.Ceil(ls.ahead(key).Seconds()*r))
 	for owed > 0 { // a reservation may take at most the burst at a time
 		k := min(owed, burst)
 		rl.ReserveN(now, k)
@@ -83,17 +97,14 @@ func (ls *localLimiters) get(key, rkey string, lim Limit, workers int) *rate.Lim
 	return rl
 }
 
-// owing returns the tokens each local limiter has promised to callers that
-// are still sleeping.
-func (ls *localLimiters) owing() []owed {
+// shares returns every local limiter's tokens now.
+func (ls *localLimiters) shares() []share {
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
-	var out []owed
+	var out []share
 	now := time.Now()
 	for rkey, l := range ls.m {
-		if t := l.TokensAt(now); t < 0 {
-			out = append(out, owed{rkey: rkey, lim: l.lim, tokens: -t})
-		}
+		out = append(out, share{rkey: rkey, lim: l.lim, tokens: l.TokensAt(now)})
 	}
 	return out
 }

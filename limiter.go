@@ -135,7 +135,7 @@ func (l *Limiter) WaitAll(ctx context.Context, key string, n float64, lims ...Li
 		l.workers.heartbeat()
 		if r.granted {
 			if l.cfg.policy.mode() == ModeLocal {
-				l.locals.granted(key, time.Now().Add(r.wait))
+				l.locals.granted(key, r.wait)
 			}
 			if err := sleep(ctx, r.wait); err != nil {
 				go l.refund(context.WithoutCancel(ctx), b, n, r.tats)
@@ -216,14 +216,22 @@ func (l *Limiter) localWait(ctx context.Context, b bucket, n float64) error {
 	return nil
 }
 
-// settleLocal charges the shared bucket, when it resumes, with the tokens
-// the local fallback has promised to callers still sleeping, so that their
-// grants and the shared bucket's do not overlap. The charge runs into debt:
-// it waits for nothing.
+// settleLocal hands the shared bucket, when it resumes, the state of the
+// local shares: it holds at most what this worker's share holds, times the
+// workers, so that a bucket Redis forgot (or kept from before the outage, full
+// by now) does not release a burst on top of what the local shares just
+// sent; and it is charged the tokens this worker's share promised to callers
+// still sleeping, so that their grants and the shared bucket's do not
+// overlap.
 func (l *Limiter) settleLocal() {
-	for _, o := range l.locals.owing() {
+	workers := float64(l.workers.divisor(l.cfg.policy))
+	for _, s := range l.locals.shares() {
+		b := bucket{keys: []string{s.rkey}, lims: []Limit{s.lim}}
 		ctx, cancel := context.WithTimeout(context.Background(), probeTimeout)
-		_, _, _ = l.call(ctx, bucket{keys: []string{o.rkey}, lims: []Limit{o.lim}}, opAdjust, o.tokens, 0, nil)
+		_ = l.lower(ctx, b, max(s.tokens, 0)*workers)
+		if s.tokens < 0 {
+			_ = l.adjust(ctx, b, -s.tokens)
+		}
 		cancel()
 	}
 }
@@ -257,6 +265,11 @@ func (l *Limiter) maxWait(ctx context.Context) (time.Duration, bool) {
 func (l *Limiter) classify(ctx context.Context, err error) error {
 	if ctxErr := ctx.Err(); ctxErr != nil {
 		return ctxErr
+	}
+	if d, ok := ctx.Deadline(); ok && !time.Now().Before(d) {
+		// The connection's deadline, taken from ctx, fired a moment before
+		// ctx itself ended: the caller's deadline, not an outage.
+		return context.DeadlineExceeded
 	}
 	if errors.Is(err, ErrScript) {
 		return err

@@ -294,6 +294,12 @@ func TestClassify(t *testing.T) {
 	if got := l.classify(cancelled, context.Canceled); got != context.Canceled {
 		t.Errorf("classify of the caller's cancellation = %v", got)
 	}
+	// The connection's deadline, taken from the context's, can fire a moment
+	// before the context reports it: still the caller's deadline.
+	expiring := pastDeadline{ctx}
+	if got := l.classify(expiring, errors.New("read tcp: i/o timeout")); got != context.DeadlineExceeded {
+		t.Errorf("classify of a timeout at the caller's deadline = %v, want context.DeadlineExceeded", got)
+	}
 }
 
 func TestCountingWorkers(t *testing.T) {
@@ -378,3 +384,9 @@ func TestPolicyConstructionErrors(t *testing.T) {
 }
 
 var _ http.RoundTripper = (*Transport)(nil)
+
+// pastDeadline is a context whose deadline has passed but which does not
+// report it yet.
+type pastDeadline struct{ context.Context }
+
+func (pastDeadline) Deadline() (time.Time, bool) { return time.Now().Add(-time.Millisecond), true }
