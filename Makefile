@@ -1,24 +1,37 @@
-# make test   installs redis-server when missing, then lints and runs every test
-# make bench  the benchmarks on a real redis-server
-# make lint   gofmt, go vet and staticcheck
+# make demo   the fleet demonstration: the problem and the cure (see demo/)
+# make test   installs redis-server when missing, lints, runs every test,
+#             the demo's and the Jaeger end-to-end check included
+# make bench  the benchmarks: quota beside a bare EVALSHA, and beside its peers
+# make e2e    the example in examples/jaeger against a real Jaeger, built once
+#             per machine into a cache outside the clone
+# make lint   gofmt, go vet and staticcheck on every module
 
 GO          ?= go
 STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
-.PHONY: test bench lint redis
+.PHONY: demo test bench e2e lint redis
+
+demo: redis
+	cd demo && $(GO) run . -out ../demo-out
 
 test: redis lint
 	QUOTA_REQUIRE_REDIS=1 $(GO) test -race -count=1 -timeout 15m ./...
 	QUOTA_REQUIRE_REDIS=1 $(GO) test -run '^$$' -fuzz '^FuzzKeys$$' -fuzztime 10s .
 	QUOTA_REQUIRE_REDIS=1 $(GO) test -run '^$$' -fuzz '^FuzzScript$$' -fuzztime 10s .
+	cd demo && QUOTA_REQUIRE_REDIS=1 $(GO) test -race -count=1 ./...
+	$(MAKE) e2e
 
 bench: redis
 	QUOTA_REQUIRE_REDIS=1 $(GO) test -run '^$$' -bench . -benchmem -count 6 .
+
+e2e: redis
+	GO=$(GO) STATICCHECK=$(STATICCHECK) scripts/e2e.sh
 
 lint:
 	@unformatted=$$(gofmt -l .); if [ -n "$$unformatted" ]; then echo "gofmt would change: $$unformatted"; exit 1; fi
 	$(GO) vet ./...
 	$(GO) run $(STATICCHECK) ./...
+	cd demo && $(GO) vet ./... && $(GO) run $(STATICCHECK) ./...
 	@# What a user's build compiles: no SDK, no test or example module.
 	@if $(GO) list -deps . | grep -E '^(go.opentelemetry.io/otel/sdk|github.com/alicebob/miniredis|github.com/hashicorp/go-retryablehttp|github.com/yuin/gopher-lua)'; then \
 		echo "the library imports a test-only module"; exit 1; fi

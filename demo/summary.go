@@ -1,0 +1,188 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"math"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/sharedquota/quota/demo/internal/provider"
+)
+
+// stampSlack widens the window the bound allows for, as the quota package's
+// own tests do: a request is stamped at the provider when it arrives, a few
+// milliseconds after its grant, so a window of arrivals can hold the grants
+// of a slightly longer window.
+const stampSlack = 25 * time.Millisecond
+
+// A summary is the outcome of a run.
+type summary struct {
+	PerMinute    float64        `json:"rate_per_minute"`
+	Burst        int            `json:"burst"`
+	Workers      int            `json:"workers"`
+	Goroutines   int            `json:"goroutines"`
+	PhaseSeconds float64        `json:"phase_seconds"`
+	LatencyMS    float64        `json:"latency_ms"`
+	Phases       []phaseSummary `json:"phases"`
+	PNG          string         `json:"png"`
+	SVG          string         `json:"svg"`
+	CSV          string         `json:"csv"`      // every request the provider received
+	OK           bool           `json:"ok"`       // phases 2 and 3 stayed within their bounds
+	Failures     []string       `json:"failures"` // why not
+}
+
+// A phaseSummary is one phase as the provider and the workers saw it.
+type phaseSummary struct {
+	Phase     int     `json:"phase"`
+	Name      string  `json:"name"`
+	Requests  int     `json:"requests"`   // received by the provider
+	PerMinute float64 `json:"per_minute"` // received after the phase's first second
+	XLimit    float64 `json:"x_limit"`    // PerMinute over the limit
+	Max1s     int     `json:"max_1s"`     // most requests received in any 1-second window
+	Bound1s   int     `json:"bound_1s"`   // the most the limit allows in 1 s (+ the local shares' bursts in phase 3)
+	Checked   bool    `json:"checked"`    // whether Max1s must stay within Bound1s
+	Refused   int     `json:"refused_429"`
+	WaitP50MS float64 `json:"wait_p50_ms"` // how long requests waited for their limiter
+	WaitP99MS float64 `json:"wait_p99_ms"`
+	Failed    int     `json:"failed"` // requests the workers' limiters refused or lost
+
+	RedisKilled   bool    `json:"redis_killed"`
+	KilledAtS     float64 `json:"killed_at_s,omitempty"`
+	RestartedAtS  float64 `json:"restarted_at_s,omitempty"`
+	OutageLogs    int     `json:"outage_logs"`   // WARN "quota: Redis unavailable…" records from the workers
+	RecoveryLogs  int     `json:"recovery_logs"` // INFO "quota: Redis available again…" records
+	WorkersShared int     `json:"workers_shared_at_end"`
+}
+
+// summarize judges the phases of a run.
+func summarize(c config, results []phaseResult) summary {
+	s := summary{
+		PerMinute:    c.perMinute,
+		Burst:        c.burst,
+		Workers:      c.workers,
+		Goroutines:   c.goroutines,
+		PhaseSeconds: c.duration.Seconds(),
+		LatencyMS:    float64(c.latency.Microseconds()) / 1000,
+		OK:           true,
+		Failures:     []string{},
+	}
+	rate := c.ratePerSecond()
+	bound := int(math.Floor(float64(c.burst) + rate*(time.Second+stampSlack).Seconds()))
+	localBursts := c.workers * max(1, c.burst/c.workers) // FallbackLocal's shares of the burst
+	for _, r := range results {
+		p := phaseSummary{Phase: r.num, Name: r.name, Requests: len(r.arrivals), Bound1s: bound}
+		steady := time.Second
+		for _, a := range r.arrivals {
+			if a.Refused {
+				p.Refused++
+			}
+			if a.At.Sub(r.start) >= steady {
+				p.PerMinute++
+			}
+		}
+		p.PerMinute *= 60 / (r.end.Sub(r.start) - steady).Seconds()
+		p.XLimit = p.PerMinute / c.perMinute
+		p.Max1s = maxInWindow(r.arrivals, time.Second)
+		var waits []float64
+		for _, w := range r.reports {
+			waits = append(waits, w.WaitsMS...)
+			p.Failed += w.Failed
+			if w.Mode == "shared" {
+				p.WorkersShared++
+			}
+		}
+		p.WaitP50MS, p.WaitP99MS = percentile(waits, 50), percentile(waits, 99)
+		p.OutageLogs, p.RecoveryLogs = r.outages, r.recoveries
+		switch r.mode {
+		case modeShared:
+			p.Checked = true
+		case modeFallback:
+			p.Checked = true
+			p.Bound1s += localBursts
+			p.RedisKilled = r.killed > 0
+			p.KilledAtS, p.RestartedAtS = round1(r.killed.Seconds()), round1(r.restarted.Seconds())
+		}
+		if p.Checked && p.Max1s > p.Bound1s {
+			s.OK = false
+			s.Failures = append(s.Failures, fmt.Sprintf("phase %d (%s): the provider received %d requests in one second, more than the %d the limit allows",
+				p.Phase, p.Name, p.Max1s, p.Bound1s))
+		}
+		s.Phases = append(s.Phases, p)
+	}
+	return s
+}
+
+// writeTable prints the summary for people.
+func (s summary) writeTable(w io.Writer) {
+	// Numbers align right; the phases' names are padded to align left.
+	names, width := []string{"phase"}, len("phase")
+	for _, p := range s.Phases {
+		names = append(names, fmt.Sprintf("%d %s", p.Phase, p.Name))
+		width = max(width, len(names[len(names)-1]))
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintf(tw, "%-*s\trequests\trate/min\tx limit\tmax in 1 s\t429s\twait p50\twait p99\t\n", width, names[0])
+	for i, p := range s.Phases {
+		fmt.Fprintf(tw, "%-*s\t%d\t%.0f\t%.2f\t%d / %d\t%d\t%s\t%s\t\n", width, names[i+1], p.Requests, p.PerMinute, p.XLimit,
+			p.Max1s, p.Bound1s, p.Refused, ms(p.WaitP50MS), ms(p.WaitP99MS))
+	}
+	tw.Flush()
+	fmt.Fprintf(w, "\nLimit %s, burst %d; %d workers x %d goroutines; %gs a phase.\n",
+		perMinute(s.PerMinute), s.Burst, s.Workers, s.Goroutines, s.PhaseSeconds)
+	fmt.Fprintln(w, "rate/min: what the provider received after each phase's first second (which holds the burst).")
+	fmt.Fprintln(w, "max in 1 s: the most requests in any 1-second window / the most the limit allows (burst + rate,")
+	fmt.Fprintln(w, "  in phase 3 plus the workers' local shares of the burst).")
+	fmt.Fprintln(w, "wait: how long requests waited for their limiter before they were sent.")
+	for _, p := range s.Phases {
+		if p.RedisKilled {
+			fmt.Fprintf(w, "Phase 3: Redis killed at %.1fs and restarted at %.1fs; %d of %d workers logged the outage (WARN),\n  %d the recovery (INFO); %d ended on the shared bucket.\n",
+				p.KilledAtS, p.RestartedAtS, p.OutageLogs, s.Workers, p.RecoveryLogs, p.WorkersShared)
+		}
+		if p.Failed > 0 {
+			fmt.Fprintf(w, "Phase %d: %d requests failed in the workers without reaching the provider.\n", p.Phase, p.Failed)
+		}
+	}
+	fmt.Fprintf(w, "Picture: %s and %s; every request: %s\n", s.PNG, s.SVG, s.CSV)
+	if s.OK {
+		fmt.Fprintln(w, "OK: with the shared bucket the provider never saw more than the limit allows.")
+		return
+	}
+	fmt.Fprintln(w, "FAIL: "+strings.Join(s.Failures, "\nFAIL: "))
+}
+
+// maxInWindow returns the most arrivals in any window of length w, closed
+// at both ends.
+func maxInWindow(arrivals []provider.Arrival, w time.Duration) int {
+	best, j := 0, 0
+	for i := range arrivals {
+		for j < len(arrivals) && arrivals[j].At.Sub(arrivals[i].At) <= w {
+			j++
+		}
+		best = max(best, j-i)
+	}
+	return best
+}
+
+// percentile returns the p-th percentile of xs by nearest rank, 0 for none.
+func percentile(xs []float64, p float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	i := int(math.Ceil(p/100*float64(len(s)))) - 1
+	return s[min(max(i, 0), len(s)-1)]
+}
+
+// ms formats milliseconds for the table.
+func ms(v float64) string {
+	if v >= 999.5 { // what %.0fms would show as 1000ms
+		return fmt.Sprintf("%.2fs", v/1000)
+	}
+	return fmt.Sprintf("%.0fms", v)
+}
+
+func round1(f float64) float64 { return math.Round(f*10) / 10 }
