@@ -159,6 +159,24 @@ func (s *waitSpan) end(err error) {
 	s.span.End()
 }
 
+// update starts the span of a change the provider's answer makes to the
+// bucket (quota.pause, quota.lower, quota.settle) and returns the function
+// that ends it.
+func (o *observer) update(ctx context.Context, name, key string) (context.Context, func(error)) {
+	ctx, span := o.tracer.Start(ctx, name, trace.WithSpanKind(trace.SpanKindInternal))
+	if !span.IsRecording() {
+		return ctx, func(error) {}
+	}
+	span.SetAttributes(attrKey.String(key))
+	return ctx, func(err error) {
+		if err != nil {
+			span.SetStatus(codes.Error, "")
+			span.SetAttributes(attrErrorType.String(errorType(err)))
+		}
+		span.End()
+	}
+}
+
 // outcome names how an acquisition ended.
 func outcome(err error) string {
 	switch {

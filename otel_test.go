@@ -367,3 +367,27 @@ func hasAttr(m *metricdata.Metrics, key attribute.Key) bool {
 }
 
 func discardLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }
+
+func TestPauseSpan(t *testing.T) {
+	tel := newTelemetry(t)
+	_, rdb, _ := newMini(t)
+	prov := answering(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Retry-After", "1")
+		w.WriteHeader(http.StatusTooManyRequests)
+	})
+	tr := NewTransport(rdb, PerSecond(10), tel.options()...)
+	ctx, caller := tel.tp.Tracer("test").Start(context.Background(), "caller")
+	if err := getVia(t, tr, ctx, prov.URL, nil); err != nil {
+		t.Fatal(err)
+	}
+	caller.End()
+	var pause sdktrace.ReadOnlySpan
+	for _, s := range tel.spans.Ended() {
+		if s.Name() == "quota.pause" {
+			pause = s
+		}
+	}
+	if pause == nil || pause.Parent().SpanID() != caller.SpanContext().SpanID() || pause.Status().Code == codes.Error {
+		t.Fatalf("no quota.pause span under the caller's span after a 429 with Retry-After: %v", pause)
+	}
+}

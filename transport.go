@@ -71,31 +71,38 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 // learn passes on to the bucket what the response says of the provider's
 // limit. It does nothing while Redis is unavailable.
 func (t *Transport) learn(ctx context.Context, name string, lims []Limit, cost float64, resp *http.Response) {
-	var ops []func(context.Context, bucket) error
+	type update struct {
+		span string // quota.pause, quota.lower or quota.settle
+		run  func(context.Context, bucket) error
+	}
+	var updates []update
 	now := time.Now()
 	if d, ok := retryAfter(resp, now); ok && t.cfg.maxPause > 0 {
-		ops = append(ops, func(ctx context.Context, b bucket) error {
+		updates = append(updates, update{"quota.pause", func(ctx context.Context, b bucket) error {
 			return t.limiter.pause(ctx, b, min(d, t.cfg.maxPause))
-		})
+		}})
 	}
 	if t.cfg.providerHeaders {
 		if remaining, reset, ok := rateLimitHeaders(resp.Header, now); ok {
-			ops = append(ops, func(ctx context.Context, b bucket) error {
-				if remaining < 1 && reset > 0 && t.cfg.maxPause > 0 {
+			if remaining < 1 && reset > 0 && t.cfg.maxPause > 0 {
+				updates = append(updates, update{"quota.pause", func(ctx context.Context, b bucket) error {
 					return t.limiter.pause(ctx, b, min(reset, t.cfg.maxPause))
-				}
-				return t.limiter.lower(ctx, b, remaining)
-			})
+				}})
+			} else {
+				updates = append(updates, update{"quota.lower", func(ctx context.Context, b bucket) error {
+					return t.limiter.lower(ctx, b, remaining)
+				}})
+			}
 		}
 	}
 	if t.cfg.settle != nil {
 		if real, ok := t.cfg.settle(resp); ok && real >= 0 && !math.IsInf(real, 0) && real != cost {
-			ops = append(ops, func(ctx context.Context, b bucket) error {
+			updates = append(updates, update{"quota.settle", func(ctx context.Context, b bucket) error {
 				return t.limiter.adjust(ctx, b, real-cost)
-			})
+			}})
 		}
 	}
-	if len(ops) == 0 || t.limiter.Mode() != ModeShared {
+	if len(updates) == 0 || t.limiter.Mode() != ModeShared {
 		return
 	}
 	b, err := t.limiter.bucket(name, lims)
@@ -104,8 +111,9 @@ func (t *Transport) learn(ctx context.Context, name string, lims []Limit, cost f
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), afterTimeout)
 	defer cancel()
-	for _, op := range ops {
-		_ = op(ctx, b)
+	for _, u := range updates {
+		ctx, end := t.limiter.obs.update(ctx, u.span, name)
+		end(u.run(ctx, b))
 	}
 }
 
