@@ -276,6 +276,7 @@ type workerSpec struct {
 	Duration   time.Duration
 	Naive      bool
 	Layers     []Limit // more Limits the bucket obeys, taken with WaitAll
+	Cost       float64 // tokens a grant takes, 1 when zero
 	URL        string  // when set, GET it through a Transport instead
 }
 
@@ -301,8 +302,12 @@ func runWorker() int {
 	defer rdb.Close()
 	rdb.AddHook(countHook{&cmds})
 	l := NewLimiter(rdb)
+	cost := spec.Cost
+	if cost == 0 {
+		cost = 1
+	}
 	acquire := func(ctx context.Context) error {
-		return l.WaitAll(ctx, spec.Key, 1, append([]Limit{spec.Limit}, spec.Layers...)...)
+		return l.WaitAll(ctx, spec.Key, cost, append([]Limit{spec.Limit}, spec.Layers...)...)
 	}
 	if spec.URL != "" {
 		client := &http.Client{Transport: NewTransport(rdb, spec.Limit)}

@@ -134,3 +134,22 @@ func TestRetryAfterPausesProcesses(t *testing.T) {
 		t.Errorf("%d requests after the pause, want the traffic to resume", after)
 	}
 }
+
+// Weighted requests across processes: grants of 3 tokens each never take
+// more than the bucket allows in any window, counted in tokens.
+func TestWeightedAcrossProcesses(t *testing.T) {
+	srv := redistest.Start(t)
+	lim := Limit{Rate: 30, Burst: 15}
+	const cost = 3
+	reports := runWorkers(t, 3, workerSpec{Addr: srv.Addr(), Key: "weighted", Limit: lim, Cost: cost, Goroutines: 10, Duration: 3 * time.Second})
+	grants := mergeGrants(reports)
+	got := maxInWindow(grants, time.Second) * cost
+	limit := bound(lim, time.Second+stampSlack)
+	t.Logf("%d grants of %d tokens; at most %d tokens in any 1s window (bound %d)", len(grants), cost, got, limit)
+	if got > limit {
+		t.Errorf("%d tokens in a 1s window, bound %d", got, limit)
+	}
+	if want := int(0.9 * (lim.Burst + lim.Rate*3) / cost); len(grants) < want {
+		t.Errorf("%d grants, want at least %d", len(grants), want)
+	}
+}
