@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"strconv"
+	"sync"
 	"time"
 )
 
@@ -77,13 +78,14 @@ type reply struct {
 // ARGV[2] and ARGV[3]; mine is a refund's tats.
 func (l *Limiter) call(ctx context.Context, b bucket, op string, n float64, arg int64, mine []int64) (reply, int, error) {
 	args := make([]any, 0, 4+3*len(b.lims))
-	args = append(args, op, num(n), arg, l.now())
+	args = append(args, op, l.argv.tokens(n), l.argv.micros(arg), l.now())
 	for i, lim := range b.lims {
-		var tat int64
+		var tat any = 0
 		if mine != nil {
 			tat = mine[i]
 		}
-		args = append(args, num(lim.Rate), num(lim.Burst), tat)
+		rate, burst := l.argv.limit(lim)
+		args = append(args, rate, burst, tat)
 	}
 	cmd, trips := l.bucketScript.run(ctx, b.keys, args...)
 	if err := cmd.Err(); err != nil {
@@ -135,4 +137,56 @@ func (l *Limiter) lower(ctx context.Context, b bucket, remaining float64) error 
 func (l *Limiter) adjust(ctx context.Context, b bucket, n float64) error {
 	_, _, err := l.call(ctx, b, opAdjust, n, 0, nil)
 	return err
+}
+
+// argvCache keeps the script arguments that most calls repeat (the Limits
+// in use, one token, the longest wait) formatted and boxed, so that a call
+// does not allocate them again.
+type argvCache struct {
+	one     any // "1"
+	maxWait int64
+	wait    any // maxWait, boxed
+
+	mu     sync.RWMutex
+	limits map[Limit][2]any
+}
+
+// maxCachedLimits bounds the cache: Limits come from configuration, and a
+// caller that makes new ones for every call gets them formatted each time.
+const maxCachedLimits = 1024
+
+func newArgvCache(maxWait time.Duration) argvCache {
+	us := maxWait.Microseconds()
+	return argvCache{one: num(1), maxWait: us, wait: us, limits: map[Limit][2]any{}}
+}
+
+func (c *argvCache) tokens(n float64) any {
+	if n == 1 {
+		return c.one
+	}
+	return num(n)
+}
+
+func (c *argvCache) micros(us int64) any {
+	if us == c.maxWait {
+		return c.wait
+	}
+	return us
+}
+
+// limit returns lim's rate and burst as the script reads them.
+func (c *argvCache) limit(lim Limit) (rate, burst any) {
+	c.mu.RLock()
+	v, ok := c.limits[lim]
+	c.mu.RUnlock()
+	if ok {
+		return v[0], v[1]
+	}
+	v = [2]any{num(lim.Rate), num(lim.Burst)}
+	c.mu.Lock()
+	if len(c.limits) < maxCachedLimits {
+		c.limits[lim] = v
+	}
+	c.mu.Unlock()
+	return v[0], v[1]
 }

@@ -39,6 +39,7 @@ type Limiter struct {
 	health       health
 	locals       localLimiters
 	workers      fleet
+	argv         argvCache
 }
 
 // NewLimiter returns a Limiter that keeps its buckets in rdb, which may be a
@@ -53,6 +54,7 @@ func NewLimiter(rdb redis.Scripter, opts ...Option) *Limiter {
 		cfg:          cfg,
 		bucketScript: newScript(rdb, bucketSource),
 		obs:          newObserver(cfg),
+		argv:         newArgvCache(cfg.maxWait),
 	}
 	l.health.init(l, rdb)
 	l.workers.init(rdb, cfg)

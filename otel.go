@@ -117,12 +117,12 @@ type waitSpan struct {
 	trips int  // Redis round trips
 }
 
-func (o *observer) start(ctx context.Context, key string, n float64) (context.Context, *waitSpan) {
-	ctx, span := o.tracer.Start(ctx, "quota.wait", trace.WithSpanKind(trace.SpanKindInternal))
+func (o *observer) start(ctx context.Context, key string, n float64) (context.Context, waitSpan) {
+	ctx, span := o.tracer.Start(ctx, "quota.wait") // kind internal, the default
 	if span.IsRecording() {
 		span.SetAttributes(attrKey.String(key), attrTokens.Float64(n))
 	}
-	return ctx, &waitSpan{o: o, span: span, key: key, start: time.Now()}
+	return ctx, waitSpan{o: o, span: span, key: key, start: time.Now()}
 }
 
 // limit records the Limit, its burst resolved.
@@ -163,7 +163,7 @@ func (s *waitSpan) end(err error) {
 // bucket (quota.pause, quota.lower, quota.settle) and returns the function
 // that ends it.
 func (o *observer) update(ctx context.Context, name, key string) (context.Context, func(error)) {
-	ctx, span := o.tracer.Start(ctx, name, trace.WithSpanKind(trace.SpanKindInternal))
+	ctx, span := o.tracer.Start(ctx, name) // kind internal, the default
 	if !span.IsRecording() {
 		return ctx, func(error) {}
 	}
