@@ -19,10 +19,12 @@ test: redis lint
 	QUOTA_REQUIRE_REDIS=1 $(GO) test -run '^$$' -fuzz '^FuzzKeys$$' -fuzztime 10s .
 	QUOTA_REQUIRE_REDIS=1 $(GO) test -run '^$$' -fuzz '^FuzzScript$$' -fuzztime 10s .
 	cd demo && QUOTA_REQUIRE_REDIS=1 $(GO) test -race -count=1 ./...
+	cd bench && QUOTA_REQUIRE_REDIS=1 $(GO) test -count=1 ./...
 	$(MAKE) e2e
 
 bench: redis
 	QUOTA_REQUIRE_REDIS=1 $(GO) test -run '^$$' -bench . -benchmem -count 6 .
+	cd bench && $(GO) run .
 
 e2e: redis
 	GO=$(GO) STATICCHECK=$(STATICCHECK) scripts/e2e.sh
@@ -32,6 +34,7 @@ lint:
 	$(GO) vet ./...
 	$(GO) run $(STATICCHECK) ./...
 	cd demo && $(GO) vet ./... && $(GO) run $(STATICCHECK) ./...
+	cd bench && $(GO) vet ./... && $(GO) run $(STATICCHECK) ./...
 	@# What a user's build compiles: no SDK, no test or example module.
 	@if $(GO) list -deps . | grep -E '^(go.opentelemetry.io/otel/sdk|github.com/alicebob/miniredis|github.com/hashicorp/go-retryablehttp|github.com/yuin/gopher-lua)'; then \
 		echo "the library imports a test-only module"; exit 1; fi

@@ -1,0 +1,192 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"runtime"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// stampSlack widens the 1-second window of the exactness bound, as the
+// library's own tests do: a grant is stamped when its caller wakes, which
+// a loaded machine delays by up to a few tens of milliseconds.
+const stampSlack = 25 * time.Millisecond
+
+// latency is one peer's uncontended acquisitions, one goroutine.
+type latency struct {
+	p50, p99 time.Duration
+	allocs   float64 // heap allocations per acquisition, whole process
+}
+
+// contention is one peer's run with many goroutines on a low-rate bucket.
+type contention struct {
+	goroutines int
+	grants     int
+	commands   int64 // Redis commands, connection set-up excluded
+	maxIn1s    int   // most grants in any 1-second window
+	bound      int   // Burst + Rate over 1 s plus stampSlack
+}
+
+// perGrant returns the Redis commands sent per grant.
+func (c contention) perGrant() float64 {
+	if c.grants == 0 {
+		return math.NaN()
+	}
+	return float64(c.commands) / float64(c.grants)
+}
+
+// newClient returns a client on addr with go-redis's defaults, counting
+// the commands it sends into n.
+func newClient(addr string, n *atomic.Int64) *redis.Client {
+	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	rdb.AddHook(countHook{n})
+	return rdb
+}
+
+// latencySamples collects one peer's uncontended acquisitions across the
+// rounds of a run.
+type latencySamples struct {
+	times   []time.Duration
+	mallocs uint64
+}
+
+// measure times ops acquisitions one after another on a bucket that
+// never makes anyone wait, and counts the heap allocations they make.
+func (s *latencySamples) measure(ctx context.Context, acquire acquireFunc, ops int) error {
+	times := make([]time.Duration, ops)
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	for i := range times {
+		start := time.Now()
+		if err := acquire(ctx); err != nil {
+			return err
+		}
+		times[i] = time.Since(start)
+	}
+	runtime.ReadMemStats(&after)
+	s.times = append(s.times, times...)
+	s.mallocs += after.Mallocs - before.Mallocs
+	return nil
+}
+
+// result returns the median, the 99th percentile and the allocations per
+// acquisition of every sample so far.
+func (s *latencySamples) result() latency {
+	times := slices.Sorted(slices.Values(s.times))
+	return latency{
+		p50:    times[len(times)/2],
+		p99:    times[int(math.Ceil(0.99*float64(len(times))))-1],
+		allocs: float64(s.mallocs) / float64(len(times)),
+	}
+}
+
+// measureThroughput runs goroutines that acquire from one never-waiting
+// bucket for d and returns acquisitions per second.
+func measureThroughput(ctx context.Context, acquire acquireFunc, goroutines int, d time.Duration) (float64, error) {
+	var (
+		stop  atomic.Bool
+		total atomic.Int64
+		wg    sync.WaitGroup
+		errs  = make(chan error, goroutines)
+	)
+	start := time.Now()
+	for range goroutines {
+		wg.Go(func() {
+			n := int64(0)
+			defer func() { total.Add(n) }()
+			for !stop.Load() {
+				if err := acquire(ctx); err != nil {
+					errs <- err
+					return
+				}
+				n++
+			}
+		})
+	}
+	timer := time.AfterFunc(d, func() { stop.Store(true) })
+	defer timer.Stop()
+	wg.Wait()
+	elapsed := time.Since(start)
+	close(errs)
+	if err := <-errs; err != nil {
+		return 0, err
+	}
+	return float64(total.Load()) / elapsed.Seconds(), nil
+}
+
+// swarm runs goroutines that each acquire in a loop until d has passed,
+// all starting together, and returns the sorted instants of the grants. An
+// acquisition in flight at the end is waited for and counted.
+func swarm(ctx context.Context, goroutines int, d time.Duration, acquire acquireFunc) ([]time.Time, error) {
+	var (
+		mu     sync.Mutex
+		grants []time.Time
+		wg     sync.WaitGroup
+		errs   = make(chan error, goroutines)
+	)
+	start := time.Now().Add(50 * time.Millisecond) // every goroutine is up
+	end := start.Add(d)
+	for range goroutines {
+		wg.Go(func() {
+			time.Sleep(time.Until(start))
+			for time.Now().Before(end) {
+				if err := acquire(ctx); err != nil {
+					errs <- err
+					return
+				}
+				now := time.Now()
+				mu.Lock()
+				grants = append(grants, now)
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	slices.SortFunc(grants, func(a, b time.Time) int { return a.Compare(b) })
+	return grants, <-errs
+}
+
+// measureContention runs a swarm of goroutines on a fresh bucket of lim
+// and counts the Redis commands and the grants.
+func measureContention(ctx context.Context, p peer, addr, key string, lim limit, goroutines int, d time.Duration) (contention, error) {
+	var n atomic.Int64
+	rdb := newClient(addr, &n)
+	defer rdb.Close()
+	grants, err := swarm(ctx, goroutines, d, p.newAcquire(rdb, key, lim))
+	if err != nil {
+		return contention{}, fmt.Errorf("%s, %d goroutines: %w", p.name, goroutines, err)
+	}
+	return contention{
+		goroutines: goroutines,
+		grants:     len(grants),
+		commands:   n.Load(),
+		maxIn1s:    maxInWindow(grants, time.Second),
+		bound:      bound(lim, time.Second+stampSlack),
+	}, nil
+}
+
+// maxInWindow returns the largest number of grants in any window of length
+// w, closed at both ends.
+func maxInWindow(grants []time.Time, w time.Duration) int {
+	best, j := 0, 0
+	for i := range grants {
+		for j < len(grants) && grants[j].Sub(grants[i]) <= w {
+			j++
+		}
+		best = max(best, j-i)
+	}
+	return best
+}
+
+// bound is the most grants a bucket of lim may issue in a window of w.
+func bound(lim limit, w time.Duration) int {
+	return int(math.Floor(float64(lim.Burst) + lim.Rate*w.Seconds()))
+}

@@ -1,0 +1,95 @@
+package main
+
+import (
+	"context"
+	"time"
+
+	"github.com/go-redis/redis_rate/v10"
+	"github.com/redis/go-redis/v9"
+	"github.com/sharedquota/quota"
+	"golang.org/x/time/rate"
+)
+
+// limit is a bucket's rate in tokens per second and its burst, given to
+// every peer in its own terms.
+type limit struct {
+	Rate  float64
+	Burst int
+}
+
+// acquireFunc blocks until one token is granted or fails.
+type acquireFunc func(ctx context.Context) error
+
+// A peer is one rate limiter under test. newAcquire returns the blocking
+// acquisition its users write for a fresh bucket named key; peers that keep
+// no state in Redis ignore rdb.
+type peer struct {
+	name       string
+	redis      bool
+	newAcquire func(rdb *redis.Client, key string, lim limit) acquireFunc
+}
+
+// peers are the limiters in the table, in its order.
+var peers = []peer{
+	{name: "quota Limiter.Wait", redis: true, newAcquire: quotaAcquire},
+	{name: "go-redis/redis_rate v10", redis: true, newAcquire: redisRateAcquire},
+	{name: "seed article script + loop", redis: true, newAcquire: seedAcquire},
+	{name: "x/time/rate (in-process)", redis: false, newAcquire: localAcquire},
+}
+
+// quotaAcquire is quota's Limiter.Wait: one script call that takes the
+// token and replies the exact wait, then one sleep.
+func quotaAcquire(rdb *redis.Client, key string, lim limit) acquireFunc {
+	l := quota.NewLimiter(rdb)
+	ql := quota.Limit{Rate: lim.Rate, Burst: float64(lim.Burst)}
+	return func(ctx context.Context) error { return l.Wait(ctx, key, ql) }
+}
+
+// redisRateAcquire is redis_rate's blocking pattern as its users write it:
+// Allow, and when not allowed sleep RetryAfter and ask again.
+func redisRateAcquire(rdb *redis.Client, key string, lim limit) acquireFunc {
+	l := redis_rate.NewLimiter(rdb)
+	rl := redis_rate.Limit{Rate: int(lim.Rate), Burst: lim.Burst, Period: time.Second}
+	return func(ctx context.Context) error {
+		for {
+			res, err := l.Allow(ctx, key, rl)
+			if err != nil {
+				return err
+			}
+			if res.Allowed > 0 {
+				return nil
+			}
+			if err := sleep(ctx, res.RetryAfter); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// seedAcquire is the article's script and polling loop, see seedLimiter.
+func seedAcquire(rdb *redis.Client, key string, lim limit) acquireFunc {
+	l := newSeedLimiter(rdb, key, lim.Rate, float64(lim.Burst))
+	return func(ctx context.Context) error { return l.acquire(ctx, 1) }
+}
+
+// localAcquire is golang.org/x/time/rate in this process alone: no Redis,
+// the lower bound of what an acquisition can cost.
+func localAcquire(_ *redis.Client, _ string, lim limit) acquireFunc {
+	l := rate.NewLimiter(rate.Limit(lim.Rate), lim.Burst)
+	return l.Wait
+}
+
+// sleep waits for d or until ctx ends, whichever comes first.
+func sleep(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}

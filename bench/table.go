@@ -1,0 +1,220 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"math"
+	"runtime"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// column is one column of the table. value, when set, gives the figure
+// that is compared with the best Redis-backed peer's; ok false leaves the
+// cell without a figure.
+type column struct {
+	header string
+	value  func(r peerResult) (v float64, ok bool)
+	format func(v float64) string
+	higher bool // a higher value is better
+	cell   func(r peerResult) string
+}
+
+// columns returns the table's columns for cfg.
+func columns(cfg config) []column {
+	cols := []column{
+		{header: "p50", value: func(r peerResult) (float64, bool) { return float64(r.lat.p50), true }, format: fmtDuration},
+		{header: "p99", value: func(r peerResult) (float64, bool) { return float64(r.lat.p99), true }, format: fmtDuration},
+		{header: fmt.Sprintf("acq/s ×%d", cfg.parallel), value: func(r peerResult) (float64, bool) { return r.perSec, true }, format: fmtCount, higher: true},
+		{header: "allocs/acq", value: func(r peerResult) (float64, bool) { return r.lat.allocs, true }, format: fmtFloat},
+	}
+	for i, g := range cfg.swarms {
+		cols = append(cols, column{
+			header: fmt.Sprintf("cmds/grant ×%d", g),
+			value: func(r peerResult) (float64, bool) {
+				return r.swarms[i].perGrant(), r.redis
+			},
+			format: fmtFloat,
+		})
+	}
+	for i, g := range cfg.swarms {
+		cols = append(cols, column{
+			header: fmt.Sprintf("max 1 s ×%d", g),
+			cell: func(r peerResult) string {
+				c := r.swarms[i]
+				s := fmt.Sprintf("%d / %d", c.maxIn1s, c.bound)
+				if c.maxIn1s > c.bound {
+					s += " OVER"
+				}
+				return s
+			},
+		})
+	}
+	cols = append(cols,
+		column{header: "exact", cell: func(r peerResult) string { return yesNo(exact(r)) }},
+		column{header: "1 trip", cell: func(r peerResult) string {
+			if !r.redis {
+				return "no Redis"
+			}
+			return yesNo(oneTrip(r))
+		}},
+	)
+	return cols
+}
+
+// exact reports whether r never granted above the bound in any contended
+// run.
+func exact(r peerResult) bool {
+	for _, c := range r.swarms {
+		if c.maxIn1s > c.bound {
+			return false
+		}
+	}
+	return true
+}
+
+// oneTrip reports whether r sent at most 1.1 Redis commands per grant in
+// every contended run.
+func oneTrip(r peerResult) bool {
+	for _, c := range r.swarms {
+		if !(c.perGrant() <= 1.1) {
+			return false
+		}
+	}
+	return true
+}
+
+// writeTable writes the results as one Markdown table, aligned for a
+// terminal, followed by what was measured.
+func writeTable(w io.Writer, cfg config, version string, results []peerResult) {
+	cols := columns(cfg)
+	rows := [][]string{{"peer"}}
+	for _, c := range cols {
+		rows[0] = append(rows[0], c.header)
+	}
+	for _, r := range results {
+		row := []string{r.name}
+		for _, c := range cols {
+			row = append(row, cellOf(c, r, results))
+		}
+		rows = append(rows, row)
+	}
+	writeRows(w, rows)
+
+	fmt.Fprintf(w, "\nredis-server %s on loopback, started by this program; %s, GOMAXPROCS %d.\n",
+		version, runtime.Version(), gomaxprocs())
+	fmt.Fprintf(w, "- p50, p99, allocs/acq: %d acquisitions one after another; acq/s ×%d: %d goroutines, "+
+		"the median of %d runs of %v; both on a bucket that never makes anyone wait, the peers taking turns in %d rounds.\n",
+		cfg.ops, cfg.parallel, cfg.parallel, cfg.rounds, cfg.throughput/time.Duration(cfg.rounds), cfg.rounds)
+	fmt.Fprintf(w, "- cmds/grant ×N, max 1 s ×N: N goroutines for %v on a fresh bucket of %g/s burst %d. "+
+		"cmds/grant counts every Redis command but connection set-up (HELLO, CLIENT, AUTH, SELECT); "+
+		"max 1 s is the most grants in any 1-second window / the bound Burst + Rate × (1 s + %v of stamp slack).\n",
+		cfg.contended, cfg.lim.Rate, cfg.lim.Burst, stampSlack)
+	fmt.Fprintln(w, "- (Nx): the figure divided by the best Redis-backed peer's in its column; "+
+		"x/time/rate, in-process, is the lower bound of cost and never the best.")
+	fmt.Fprintln(w, "- exact: never over the bound; 1 trip: at most 1.1 Redis commands per grant in every contended run.")
+}
+
+// cellOf formats r's figure in column c with its ratio to the best
+// Redis-backed peer's figure.
+func cellOf(c column, r peerResult, all []peerResult) string {
+	if c.cell != nil {
+		return c.cell(r)
+	}
+	v, ok := c.value(r)
+	if !ok {
+		return "-"
+	}
+	best := math.NaN()
+	for _, o := range all {
+		ov, ok := c.value(o)
+		if !ok || !o.redis || math.IsNaN(ov) {
+			continue
+		}
+		if math.IsNaN(best) || (c.higher && ov > best) || (!c.higher && ov < best) {
+			best = ov
+		}
+	}
+	s := c.format(v)
+	if best > 0 {
+		s += " (" + fmtRatio(v/best) + ")"
+	}
+	return s
+}
+
+// writeRows writes rows as a Markdown table whose columns are padded to
+// the same width; the first row is the header.
+func writeRows(w io.Writer, rows [][]string) {
+	widths := make([]int, len(rows[0]))
+	for _, row := range rows {
+		for i, cell := range row {
+			widths[i] = max(widths[i], len([]rune(cell)))
+		}
+	}
+	line := func(row []string) {
+		var b strings.Builder
+		b.WriteString("|")
+		for i, cell := range row {
+			b.WriteString(" " + cell + strings.Repeat(" ", widths[i]-len([]rune(cell))) + " |")
+		}
+		fmt.Fprintln(w, b.String())
+	}
+	line(rows[0])
+	sep := make([]string, len(widths))
+	for i, n := range widths {
+		sep[i] = strings.Repeat("-", n)
+	}
+	line(sep)
+	for _, row := range rows[1:] {
+		line(row)
+	}
+}
+
+// fmtDuration formats nanoseconds as ns, µs or ms.
+func fmtDuration(ns float64) string {
+	d := time.Duration(ns)
+	switch {
+	case d < time.Microsecond:
+		return fmt.Sprintf("%d ns", d.Nanoseconds())
+	case d < time.Millisecond:
+		return fmt.Sprintf("%.1f µs", ns/1e3)
+	default:
+		return fmt.Sprintf("%.2f ms", ns/1e6)
+	}
+}
+
+// fmtCount formats a rate as a whole number with thousands separators.
+func fmtCount(v float64) string {
+	s := strconv.FormatInt(int64(math.Round(v)), 10)
+	for i := len(s) - 3; i > 0; i -= 3 {
+		s = s[:i] + "," + s[i:]
+	}
+	return s
+}
+
+// fmtFloat formats a small figure with three decimals, a larger one with
+// one.
+func fmtFloat(v float64) string {
+	if v < 10 {
+		return strconv.FormatFloat(v, 'f', 3, 64)
+	}
+	return strconv.FormatFloat(v, 'f', 1, 64)
+}
+
+// fmtRatio formats a ratio to two decimals, or two significant digits
+// when it is below 0.1.
+func fmtRatio(r float64) string {
+	if r < 0.1 {
+		return strconv.FormatFloat(r, 'g', 2, 64) + "x"
+	}
+	return strconv.FormatFloat(r, 'f', 2, 64) + "x"
+}
+
+// yesNo formats a verdict.
+func yesNo(b bool) string {
+	if b {
+		return "yes"
+	}
+	return "no"
+}
