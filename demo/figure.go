@@ -29,6 +29,11 @@ func figure(c config, results []phaseResult, sum summary) chart.Figure {
 		if r.restarted > 0 {
 			p.Marks = append(p.Marks, chart.Mark{At: r.restarted.Seconds(), Label: "Redis restarted"})
 		}
+		if r.pauseSent > 0 {
+			p.Marks = append(p.Marks,
+				chart.Mark{At: r.pauseSent.Seconds(), Label: fmt.Sprintf("429, Retry-After: %.0f", r.pause.Seconds())},
+				chart.Mark{At: (r.pauseSent + r.pause).Seconds(), Label: "pause ends"})
+		}
 		f.Panels = append(f.Panels, p)
 	}
 	return f
@@ -40,6 +45,8 @@ func panelTitle(c config, r phaseResult, p phaseSummary) string {
 	switch {
 	case r.mode == modeLocal:
 		return fmt.Sprintf("%d. A local limiter in each worker, each at %s: %s", r.num, perMinute(c.perMinute), outcome)
+	case r.mode == modeShared && r.pause > 0:
+		return fmt.Sprintf("%d. The shared bucket, the provider asks for a %.0f s pause: %s", r.num, r.pause.Seconds(), outcome)
 	case r.mode == modeShared:
 		return fmt.Sprintf("%d. One shared quota bucket in Redis at %s: %s", r.num, perMinute(c.perMinute), outcome)
 	case r.outage:

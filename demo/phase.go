@@ -20,26 +20,36 @@ const (
 	restartAt = 0.65
 )
 
+// When the provider asks for a pause in the pause phase, as a fraction of
+// the phase.
+const pauseAt = 0.4
+
 // A phase is one way of limiting the fleet.
 type phase struct {
 	num    int
-	name   string // for the table and the bars
-	mode   string // the workers' modeLocal, modeShared or modeFallback
-	outage bool   // Redis is killed and restarted during the phase
+	name   string        // for the table and the bars
+	mode   string        // the workers' modeLocal, modeShared or modeFallback
+	outage bool          // Redis is killed and restarted during the phase
+	pause  time.Duration // the provider answers one request with 429 and Retry-After: pause; 0 if not
 }
 
 // plan returns the phases of a run. The third kills Redis only if the demo
-// started it.
-func plan(canKill bool) []phase {
+// started it. A fourth, in which the provider asks for pause, follows when
+// pause is above 0.
+func plan(canKill bool, pause time.Duration) []phase {
 	third := phase{num: 3, name: "shared, Redis killed", mode: modeFallback, outage: true}
 	if !canKill {
 		third.name, third.outage = "shared, no outage", false
 	}
-	return []phase{
+	phases := []phase{
 		{num: 1, name: "local limiters", mode: modeLocal},
 		{num: 2, name: "shared bucket", mode: modeShared},
 		third,
 	}
+	if pause > 0 {
+		phases = append(phases, phase{num: 4, name: "shared, provider asks for a pause", mode: modeShared, pause: pause})
+	}
+	return phases
 }
 
 // label names the phase on the display.
@@ -51,7 +61,12 @@ func (ph phase) describe(c config) string {
 	case modeLocal:
 		return fmt.Sprintf("each of the %d workers has its own rate.Limiter at %s", c.workers, perMinute(c.perMinute))
 	case modeShared:
-		return fmt.Sprintf("the %d workers share one quota bucket in Redis at %s", c.workers, perMinute(c.perMinute))
+		s := fmt.Sprintf("the %d workers share one quota bucket in Redis at %s", c.workers, perMinute(c.perMinute))
+		if ph.pause > 0 {
+			s += fmt.Sprintf("; from %.1fs the provider answers the next request with 429 and Retry-After: %.0f",
+				pauseAt*c.duration.Seconds(), ph.pause.Seconds())
+		}
+		return s
 	}
 	if !ph.outage {
 		return fmt.Sprintf("the shared bucket with quota.FallbackLocal(%d); the demo did not start the Redis at %s, so it does not kill it and this phase has no outage",
@@ -71,6 +86,7 @@ type phaseResult struct {
 	recoveries int           // and of it being available again
 	killed     time.Duration // when Redis was killed, since start; 0 if it was not
 	restarted  time.Duration // when it was started again
+	pauseSent  time.Duration // when the provider sent the 429 asking for a pause, since start; 0 if it did not
 }
 
 // runPhase runs one phase with a fresh fleet of worker processes.
@@ -88,8 +104,11 @@ func (d *demo) runPhase(ctx context.Context, ph phase) (phaseResult, error) {
 	}
 	bar := d.display.Phase(ph.label(), start, d.cfg.duration, func() live.Sample { return d.sample(start, end) })
 	var outageErr error
-	if ph.outage {
+	switch {
+	case ph.outage:
 		outageErr = d.outage(ctx, &res, logs)
+	case ph.pause > 0:
+		d.askPause(ctx, &res, logs)
 	}
 	reports, err := f.wait()
 	bar.Done()
@@ -161,6 +180,25 @@ func (d *demo) outage(ctx context.Context, res *phaseResult, logs *logRelay) err
 	res.restarted = time.Since(res.start)
 	logs.printf("demo     | redis-server restarted on %s, empty", d.redisAddr)
 	return nil
+}
+
+// askPause has the provider answer one request with 429 and Retry-After
+// during the phase, and notes when that answer was sent.
+func (d *demo) askPause(ctx context.Context, res *phaseResult, logs *logRelay) {
+	if !sleepUntil(ctx, res.start.Add(time.Duration(pauseAt*float64(d.cfg.duration)))) {
+		return
+	}
+	sent := d.prov.AskPause(res.pause)
+	timer := time.NewTimer(time.Until(res.end))
+	defer timer.Stop()
+	select {
+	case at := <-sent:
+		res.pauseSent = at.Sub(res.start)
+		logs.printf("demo     | the provider answered 429 with Retry-After: %.0f", res.pause.Seconds())
+	case <-timer.C:
+		logs.printf("demo     | no request reached the provider to answer with 429")
+	case <-ctx.Done():
+	}
 }
 
 // sleepUntil sleeps until t and reports whether ctx is still live.

@@ -25,7 +25,7 @@ type demo struct {
 	display   *live.Display
 }
 
-// run runs the three phases, reports them and returns the exit code: 0 when
+// run runs the phases, reports them and returns the exit code: 0 when
 // the shared bucket kept the provider within the limit, 1 when it did not,
 // 2 when the demo could not run. Progress, logs and the table go to stdout,
 // or to stderr with -json, when stdout gets the summary as JSON.
@@ -46,7 +46,7 @@ func run(ctx context.Context, cfg config, stdout, stderr io.Writer) int {
 	fmt.Fprintf(out, "Redis %s (%s), provider %s (latency ~%v).\n", d.redisAddr, d.redisOrigin(), d.prov.URL(), cfg.latency)
 
 	var results []phaseResult
-	for _, ph := range plan(d.redis != nil) {
+	for _, ph := range plan(d.redis != nil, cfg.retryAfter()) {
 		res, err := d.runPhase(ctx, ph)
 		if err != nil {
 			d.display.Close()

@@ -30,7 +30,7 @@ type summary struct {
 	PNG          string         `json:"png"`
 	SVG          string         `json:"svg"`
 	CSV          string         `json:"csv"`      // every request the provider received
-	OK           bool           `json:"ok"`       // phases 2 and 3 stayed within their bounds
+	OK           bool           `json:"ok"`       // the shared phases stayed within their bounds
 	Failures     []string       `json:"failures"` // why not
 }
 
@@ -55,6 +55,47 @@ type phaseSummary struct {
 	OutageLogs    int     `json:"outage_logs"`   // WARN "quota: Redis unavailable…" records from the workers
 	RecoveryLogs  int     `json:"recovery_logs"` // INFO "quota: Redis available again…" records
 	WorkersShared int     `json:"workers_shared_at_end"`
+
+	Pause *pauseSummary `json:"pause,omitempty"` // in the phase in which the provider asks for a pause
+}
+
+// A pauseSummary is what the provider received around the 429 with which
+// it asked for a pause. The pause runs from the instant the 429 was sent
+// for RetryAfterS.
+type pauseSummary struct {
+	RetryAfterS float64 `json:"retry_after_s"` // the pause asked for
+	Sent        bool    `json:"sent"`          // whether the 429 went out
+	SentAtS     float64 `json:"sent_at_s"`     // when, since the phase started
+	During      int     `json:"during"`        // requests that arrived after the 429 and before the pause ended
+	LastMS      float64 `json:"last_ms"`       // how long after the 429 the last of those arrived; 0 if none did
+	SecondHalf  int     `json:"second_half"`   // of those, the ones that arrived in the pause's second half
+	After       int     `json:"after"`         // requests that arrived after the pause, until the phase ended
+}
+
+// summarizePause counts the arrivals around the 429 of r, which asked for a
+// pause.
+func summarizePause(r phaseResult) *pauseSummary {
+	p := &pauseSummary{RetryAfterS: r.pause.Seconds(), Sent: r.pauseSent > 0}
+	if !p.Sent {
+		return p
+	}
+	p.SentAtS = math.Round(r.pauseSent.Seconds()*1000) / 1000
+	sent := r.start.Add(r.pauseSent)
+	half, end := sent.Add(r.pause/2), sent.Add(r.pause)
+	for _, a := range r.arrivals {
+		switch {
+		case !a.At.After(sent):
+		case a.At.Before(end):
+			p.During++
+			p.LastMS = float64(a.At.Sub(sent).Microseconds()) / 1000
+			if !a.At.Before(half) {
+				p.SecondHalf++
+			}
+		default:
+			p.After++
+		}
+	}
+	return p
 }
 
 // summarize judges the phases of a run.
@@ -99,6 +140,9 @@ func summarize(c config, results []phaseResult) summary {
 		switch r.mode {
 		case modeShared:
 			p.Checked = true
+			if r.pause > 0 {
+				p.Pause = summarizePause(r)
+			}
 		case modeFallback:
 			p.Checked = true
 			p.Bound1s += localBursts
@@ -141,6 +185,9 @@ func (s summary) writeTable(w io.Writer) {
 			fmt.Fprintf(w, "Phase 3: Redis killed at %.1fs and restarted at %.1fs; %d of %d workers logged the outage (WARN),\n  %d the recovery (INFO); %d ended on the shared bucket.\n",
 				p.KilledAtS, p.RestartedAtS, p.OutageLogs, s.Workers, p.RecoveryLogs, p.WorkersShared)
 		}
+		if p.Pause != nil {
+			s.writePause(w, p)
+		}
 		if p.Failed > 0 {
 			fmt.Fprintf(w, "Phase %d: %d requests failed in the workers without reaching the provider.\n", p.Phase, p.Failed)
 		}
@@ -151,6 +198,33 @@ func (s summary) writeTable(w io.Writer) {
 		return
 	}
 	fmt.Fprintln(w, "FAIL: "+strings.Join(s.Failures, "\nFAIL: "))
+}
+
+// writePause says what the provider received around the 429 of phase p,
+// which asked for a pause. The fleet counts as paused when the provider
+// heard nothing for the pause's last two intervals between requests at the
+// limit, or longer.
+func (s summary) writePause(w io.Writer, p phaseSummary) {
+	ps := p.Pause
+	if !ps.Sent {
+		fmt.Fprintf(w, "Phase %d: no request reached the provider to be answered with 429 and Retry-After: %.0f.\n", p.Phase, ps.RetryAfterS)
+		return
+	}
+	fmt.Fprintf(w, "Phase %d: 429 with Retry-After: %.0f sent at %.1fs; ", p.Phase, ps.RetryAfterS, ps.SentAtS)
+	quiet := ps.RetryAfterS*1000 - ps.LastMS
+	switch {
+	case ps.During == 0:
+		fmt.Fprint(w, "no request arrived after it before the pause ended:\n  the fleet paused at once")
+	case quiet >= 2*60000/s.PerMinute:
+		fmt.Fprintf(w, "%d requests arrived after it and before the pause ended:\n  the fleet paused %.0f ms after the 429, %.0f ms before the pause ended",
+			ps.During, ps.LastMS, quiet)
+	default:
+		fmt.Fprintf(w, "%d requests arrived after it and before the pause ended,\n  the last %.0f ms after the 429: the fleet did not pause", ps.During, ps.LastMS)
+	}
+	fmt.Fprintf(w, "; %d arrived after the pause.\n", ps.After)
+	if ps.During > 0 && p.WaitP50MS > ps.RetryAfterS*1000 {
+		fmt.Fprintf(w, "  Requests waited %s at p50, longer than the pause: those granted before the 429 go out as scheduled.\n", ms(p.WaitP50MS))
+	}
 }
 
 // maxInWindow returns the most arrivals in any window of length w, closed

@@ -52,9 +52,11 @@ var (
 	event    = color.RGBA{R: 148, G: 103, B: 189, A: 255}
 )
 
+// The figure's width, and its height per panel; three panels or fewer
+// share the height of three.
 const (
-	width  = 10 * vg.Inch
-	height = 9 * vg.Inch
+	width       = 10 * vg.Inch
+	panelHeight = 3 * vg.Inch
 )
 
 // Write draws f and writes it to pngPath and svgPath.
@@ -63,6 +65,7 @@ func Write(f Figure, pngPath, svgPath string) error {
 	if err != nil {
 		return err
 	}
+	height := panelHeight * vg.Length(max(3, len(f.Panels)))
 	png := vgimg.NewWith(vgimg.UseWH(width, height), vgimg.UseDPI(110), vgimg.UseBackgroundColor(color.White))
 	f.draw(draw.New(png), plots)
 	if err := save(pngPath, vgimg.PngCanvas{Canvas: png}); err != nil {

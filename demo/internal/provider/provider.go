@@ -1,7 +1,8 @@
 // Package provider is a stand-in for a rate-limited HTTP API: it enforces
 // its own token bucket, answers 429 Too Many Requests with Retry-After beyond
-// it, takes about as long as a real API to answer, and records when every
-// request arrived so that a run can be judged from the provider's side.
+// it, asks for a pause on demand, takes about as long as a real API to
+// answer, and records when every request arrived so that a run can be judged
+// from the provider's side.
 package provider
 
 import (
@@ -55,6 +56,14 @@ type Provider struct {
 	mu       sync.Mutex
 	lim      *rate.Limiter
 	arrivals []Arrival // in order of arrival
+	pause    *pauseAsk // the pause to ask of the next request, nil for none
+}
+
+// A pauseAsk is a pause AskPause asked for: the Retry-After to send and
+// where to report the instant it was sent.
+type pauseAsk struct {
+	retryAfter int // seconds
+	sent       chan time.Time
 }
 
 // Start starts a provider on a free loopback port that allows perSecond
@@ -82,16 +91,38 @@ func Start(perSecond float64, burst int, latency time.Duration) (*Provider, erro
 func (p *Provider) URL() string { return p.url }
 
 // Reset gives the provider a full bucket, as after a long idle time, so that
-// every phase of a run meets the same provider.
+// every phase of a run meets the same provider, and forgets a pause asked
+// for and not yet sent.
 func (p *Provider) Reset() {
 	p.mu.Lock()
 	p.lim = rate.NewLimiter(p.limit, p.burst)
+	p.pause = nil
 	p.mu.Unlock()
 }
 
+// RetryAfter returns d as the provider writes it in Retry-After: in whole
+// seconds, rounded up, at least 1.
+func RetryAfter(d time.Duration) int {
+	return int(math.Max(1, math.Ceil(d.Seconds())))
+}
+
+// AskPause makes the provider answer the next request with 429 Too Many
+// Requests and Retry-After: RetryAfter(d), whatever its bucket holds, as a
+// provider that sheds load does. That request takes no token. The channel
+// receives the instant the 429 was sent, and nothing if the client went
+// away before the answer.
+func (p *Provider) AskPause(d time.Duration) <-chan time.Time {
+	ask := &pauseAsk{retryAfter: RetryAfter(d), sent: make(chan time.Time, 1)}
+	p.mu.Lock()
+	p.pause = ask
+	p.mu.Unlock()
+	return ask.sent
+}
+
 // ServeHTTP records the request, checks it against the provider's limit
-// with a golang.org/x/time/rate limiter and answers after the simulated latency: 200 with a small JSON body, or 429
-// with Retry-After in seconds.
+// with a golang.org/x/time/rate limiter and answers after the simulated
+// latency: 200 with a small JSON body, or 429 with Retry-After in seconds,
+// the pause AskPause asked for if there is one.
 func (p *Provider) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.URL.RawQuery == WarmUp {
 		w.WriteHeader(http.StatusNoContent)
@@ -99,11 +130,19 @@ func (p *Provider) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	p.mu.Lock()
 	now := time.Now()
-	res := p.lim.ReserveN(now, 1)
-	retry := res.DelayFrom(now)
-	allowed := retry <= Tolerance
-	if !allowed {
-		res.CancelAt(now)
+	ask := p.pause
+	p.pause = nil
+	allowed, retryAfter := false, 0
+	if ask != nil {
+		retryAfter = ask.retryAfter
+	} else {
+		res := p.lim.ReserveN(now, 1)
+		retry := res.DelayFrom(now)
+		allowed = retry <= Tolerance
+		if !allowed {
+			res.CancelAt(now)
+			retryAfter = RetryAfter(retry)
+		}
 	}
 	worker, _ := strconv.Atoi(r.Header.Get(WorkerHeader))
 	p.arrivals = append(p.arrivals, Arrival{At: now, Refused: !allowed, Worker: worker})
@@ -117,9 +156,13 @@ func (p *Provider) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Content-Type", "application/json")
 	if !allowed {
-		w.Header().Set("Retry-After", strconv.Itoa(int(math.Max(1, math.Ceil(retry.Seconds())))))
+		w.Header().Set("Retry-After", strconv.Itoa(retryAfter))
 		w.WriteHeader(http.StatusTooManyRequests)
 		fmt.Fprintln(w, `{"error":"rate limit exceeded"}`)
+		if ask != nil {
+			_ = http.NewResponseController(w).Flush()
+			ask.sent <- time.Now()
+		}
 		return
 	}
 	fmt.Fprintln(w, `{"results":[]}`)
