@@ -278,6 +278,7 @@ type workerSpec struct {
 	Layers     []Limit // more Limits the bucket obeys, taken with WaitAll
 	Cost       float64 // tokens a grant takes, 1 when zero
 	URL        string  // when set, GET it through a Transport instead
+	Headers    bool    // with WithProviderHeaders
 }
 
 type workerReport struct {
@@ -310,7 +311,11 @@ func runWorker() int {
 		return l.WaitAll(ctx, spec.Key, cost, append([]Limit{spec.Limit}, spec.Layers...)...)
 	}
 	if spec.URL != "" {
-		client := &http.Client{Transport: NewTransport(rdb, spec.Limit)}
+		var opts []Option
+		if spec.Headers {
+			opts = append(opts, WithProviderHeaders())
+		}
+		client := &http.Client{Transport: NewTransport(rdb, spec.Limit, opts...)}
 		acquire = func(ctx context.Context) error {
 			resp, err := client.Get(spec.URL)
 			if err == nil {

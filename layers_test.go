@@ -153,3 +153,34 @@ func TestWeightedAcrossProcesses(t *testing.T) {
 		t.Errorf("%d grants, want at least %d", len(grants), want)
 	}
 }
+
+// A provider that counts none remaining, while the bucket is full: with
+// its headers read, three processes stop bursting after their first
+// requests; without them they spend the bucket's burst.
+func TestProviderHeadersAcrossProcesses(t *testing.T) {
+	run := func(headers bool) int {
+		srv := redistest.Start(t)
+		var mu sync.Mutex
+		arrivals := 0
+		prov := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			mu.Lock()
+			arrivals++
+			mu.Unlock()
+			w.Header().Set("X-RateLimit-Remaining", "0")
+		}))
+		defer prov.Close()
+		runWorkers(t, 3, workerSpec{Addr: srv.Addr(), Key: strings.TrimPrefix(prov.URL, "http://"), URL: prov.URL, Headers: headers,
+			Limit: Limit{Rate: 1, Burst: 10}, Goroutines: 1, Duration: 2 * time.Second})
+		mu.Lock()
+		defer mu.Unlock()
+		return arrivals
+	}
+	plain, following := run(false), run(true)
+	t.Logf("3 processes, a provider counting none remaining, a bucket of 10 at 1/s for 2s: %d requests without the headers, %d following them", plain, following)
+	// Without the headers the burst of 10 goes out at once; following them,
+	// the first three requests and then the refill of one a second (the
+	// callers still waiting when the run ends come on top of both).
+	if plain < 10 || following > plain/2 {
+		t.Errorf("%d requests following the provider's count, %d without: want the burst of 10 without, and at most half that following", following, plain)
+	}
+}
