@@ -119,20 +119,15 @@ func (h *health) probe(b bucket) {
 		}
 		_, _, err := h.l.call(ctx, b, opProbe, 0, 0, nil)
 		cancel()
-		if err == nil || !isUnavailable(err) {
+		// Redis answering at all, even with an error that is not an outage
+		// (a script error, missing rights), ends the outage.
+		if err == nil || !errors.Is(h.l.classify(context.Background(), err), ErrUnavailable) {
 			h.recover()
 			return
 		}
 		h.remind(err)
 		backoff = min(2*backoff, probeMaxBackoff)
 	}
-}
-
-// isUnavailable reports whether err of a call without a caller's context
-// says that Redis cannot serve now.
-func isUnavailable(err error) bool {
-	var rerr redis.Error
-	return !errors.As(err, &rerr) || isOutageReply(err)
 }
 
 func (h *health) remind(cause error) {
