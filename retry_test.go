@@ -84,15 +84,24 @@ func TestRetryEveryAttemptTakesAToken(t *testing.T) {
 }
 
 func TestRetryAfter429WaitsForATokenToo(t *testing.T) {
-	mr := miniredis.RunT(t)
-	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
-	defer rdb.Close()
-	prov := statusSequence(t, http.StatusTooManyRequests)
-	sent := &attemptCounter{next: http.DefaultTransport}
 	// One token, refilled every 2s: the retry, due 1s after the 429 by its
 	// Retry-After, still has to wait for its token, 2s after the first.
-	client := retryingClient(NewTransport(rdb, Limit{Rate: 0.5, Burst: 1}, WithBase(sent)))
+	gap := retryGapAfter429(t, Limit{Rate: 0.5, Burst: 1})
+	t.Logf("the retry reached the provider %v after the 429", gap)
+	if gap < 1900*time.Millisecond || gap > 2500*time.Millisecond {
+		t.Errorf("the retry came %v after the first attempt, want about 2s: Retry-After 1s, then the token", gap)
+	}
+}
 
+// retryGapAfter429 sends one request through retryablehttp over a
+// Transport at lim to a provider that answers 429 with Retry-After: 1 and
+// then 200, and returns the time between the two attempts.
+func retryGapAfter429(t *testing.T, lim Limit) time.Duration {
+	t.Helper()
+	_, rdb, _ := newMini(t)
+	prov := statusSequence(t, http.StatusTooManyRequests)
+	sent := &attemptCounter{next: http.DefaultTransport}
+	client := retryingClient(NewTransport(rdb, lim, WithBase(sent)))
 	resp, err := client.Get(prov.URL)
 	if err != nil {
 		t.Fatal(err)
@@ -101,11 +110,7 @@ func TestRetryAfter429WaitsForATokenToo(t *testing.T) {
 	if sent.count() != 2 {
 		t.Fatalf("%d attempts, want 2", sent.count())
 	}
-	gap := sent.times[1].Sub(sent.times[0])
-	t.Logf("the retry reached the provider %v after the 429", gap)
-	if gap < 1900*time.Millisecond || gap > 2500*time.Millisecond {
-		t.Errorf("the retry came %v after the first attempt, want about 2s: Retry-After 1s, then the token", gap)
-	}
+	return sent.times[1].Sub(sent.times[0])
 }
 
 func TestRetryStopsOnRefusals(t *testing.T) {
