@@ -70,7 +70,7 @@ func (b bucket) checkTokens(n float64) error {
 type reply struct {
 	granted bool
 	wait    time.Duration
-	tats    []int64 // microseconds, a layer each; identify a take for its refund
+	tats    []int64 // microseconds, a layer each; identify a take for its refund (nil without a wait)
 }
 
 // call runs op of the bucket script on b and returns the reply and the
@@ -90,6 +90,9 @@ func (l *Limiter) call(ctx context.Context, b bucket, op string, n float64, arg 
 	cmd, trips := l.bucketScript.run(ctx, b.keys, args...)
 	if err := cmd.Err(); err != nil {
 		return reply{}, trips, err
+	}
+	if v, ok := cmd.Val().(int64); ok && v == 0 && op == opTake {
+		return reply{granted: true}, trips, nil // granted without a wait
 	}
 	v, err := cmd.Int64Slice()
 	if err != nil || len(v) != 2+len(b.keys) {

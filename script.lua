@@ -31,7 +31,9 @@
 --           they have accrued in all of them; when the wait would exceed
 --           ARGV[3], granted is 0, nothing is taken and wait says how long
 --           it would have been. The tats (us, rounded down) identify the
---           take for a later refund.
+--           take for a later refund. A take granted without a wait, which
+--           nothing can cancel, replies the integer 0 alone instead: the
+--           cheapest reply there is, for the commonest case.
 --   others: {1, 0, tats} after the operation:
 --   refund  hands back what no later take is queued behind;
 --   probe   rewrites each layer as it is, a write that changes nothing, to
@@ -44,101 +46,115 @@
 -- A key expires when its layer is full again: an absent key and a full
 -- layer are the same state, so idle buckets cost no memory.
 
+-- The script runs on every request, on Redis's one thread, so it keeps
+-- to plain arithmetic on locals: no closures, no table a layer, each
+-- argument converted once where it can be.
+
 local op = ARGV[1]
 local n = tonumber(ARGV[2])
-local now = tonumber(ARGV[4])
-if not now then
-  if redis.replicate_commands then
-    redis.replicate_commands() -- lets TIME precede writes on Redis < 5
-  end
+local now = ARGV[4]
+if now == '' then
   local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  now = t[1] * 1000000 + t[2]
+else
+  now = tonumber(now)
 end
 
-local layers = {}
-for i, key in ipairs(KEYS) do
-  local state = redis.call('GET', key)
+-- The reply, {granted, wait, tat_1, ..., tat_k}, holds the layers' tats
+-- while the script works on them; it is made with room for one layer.
+-- Times are in microseconds; tokens accrue in layer i at rate ARGV[3i+2]
+-- a second, so t tokens take t / rate * 1000000 (dividing first keeps
+-- extreme rates finite).
+local r = {1, 0, 0}
+local k = #KEYS
+for i = 1, k do
+  local state = redis.call('GET', KEYS[i])
   local tat = tonumber(state)
-  if state and not tat then
-    return redis.error_reply('quota: ' .. key .. ' holds something other than a bucket')
+  if not tat then
+    if state then
+      return redis.error_reply('quota: ' .. KEYS[i] .. ' holds something other than a bucket')
+    end
+    tat = now
   end
-  local j = 3 * i + 2
-  layers[i] = {key = key, rate = tonumber(ARGV[j]), burst = tonumber(ARGV[j + 1]),
-               mine = tonumber(ARGV[j + 2]), tat = tat or now}
+  r[i + 2] = tat
 end
 
--- micros returns how long tokens take to accrue in layer l, in
--- microseconds. Dividing first keeps extreme rates finite.
-local function micros(l, tokens)
-  return tokens / l.rate * 1000000
-end
-
-local function store(l, v)
-  l.tat = v
-  if v <= now then
-    redis.call('DEL', l.key)
-  else
-    redis.call('SET', l.key, string.format('%.17g', v), 'PX', math.ceil((v - now) / 1000))
-  end
-end
-
-local function reply(granted, wait)
-  local r = {granted, wait}
-  for i, l in ipairs(layers) do
-    r[i + 2] = math.floor(l.tat)
-  end
-  return r
-end
-
+local grant -- take: when every layer gives the tokens
 if op == 'take' then
   -- Work relative to now: the absolute times are too large for the
   -- fractions of a microsecond to survive the arithmetic.
   local longest = -math.huge
-  for _, l in ipairs(layers) do
-    local debt = math.max(l.tat - now, 0) -- refill already promised beyond now
-    longest = math.max(longest, debt + micros(l, n) - micros(l, l.burst))
+  for i = 1, k do
+    local rate = tonumber(ARGV[3 * i + 2])
+    local debt = r[i + 2] - now -- refill already promised beyond now
+    if debt < 0 then
+      debt = 0
+    end
+    local wait = debt + n / rate * 1000000 - tonumber(ARGV[3 * i + 3]) / rate * 1000000
+    if wait > longest then
+      longest = wait
+    end
   end
   local wait = math.floor(longest + 0.5)
   if wait > tonumber(ARGV[3]) then
-    return reply(0, wait)
+    r[1], r[2] = 0, wait
+    for i = 3, k + 2 do
+      r[i] = math.floor(r[i])
+    end
+    return r
   end
-  -- Every layer gives its tokens when the slowest does: a layer that could
-  -- give them sooner counts them from then, as if taken then.
-  local grant = now + math.max(longest, 0)
-  for _, l in ipairs(layers) do
-    store(l, math.max(l.tat, grant) + micros(l, n))
+  grant = now
+  if longest > 0 then
+    r[2], grant = wait, now + longest
   end
-  return reply(1, math.max(wait, 0))
 end
 
-for _, l in ipairs(layers) do
-  if op == 'refund' then
+for i = 1, k do
+  local tat = r[i + 2]
+  local rate = tonumber(ARGV[3 * i + 2])
+  local v = tat -- the layer's new tat
+  if op == 'take' then
+    -- Every layer gives its tokens when the slowest does: a layer that
+    -- could give them sooner counts them from then, as if taken then.
+    v = math.max(tat, grant) + n / rate * 1000000
+  elseif op == 'refund' then
     -- Hand back only the part of the take that no later take is queued
     -- behind; the rest of the schedule is already promised to others. A
     -- layer that was reset since the take (tat behind it) gets nothing.
-    if l.tat >= l.mine then
-      local back = micros(l, n) - (l.tat - l.mine)
-      if back > 0 then
-        store(l, l.tat - back)
-      end
+    local mine = tonumber(ARGV[3 * i + 4])
+    if tat >= mine then
+      v = tat - math.max(n / rate * 1000000 - (tat - mine), 0)
     end
-  elseif op == 'probe' then
-    store(l, l.tat)
   elseif op == 'pause' then
-    local full = micros(l, l.burst)
-    store(l, math.max(l.tat, now + n + full - math.min(micros(l, 1), full)))
+    local full = tonumber(ARGV[3 * i + 3]) / rate * 1000000
+    v = math.max(tat, now + n + full - math.min(1 / rate * 1000000, full))
   elseif op == 'lower' then
-    if n < l.burst then
-      store(l, math.max(l.tat, now + micros(l, l.burst - n)))
+    local burst = tonumber(ARGV[3 * i + 3])
+    if n < burst then
+      v = math.max(tat, now + (burst - n) / rate * 1000000)
     end
   elseif op == 'adjust' then
     if n > 0 then
-      store(l, math.max(l.tat, now) + micros(l, n))
+      v = math.max(tat, now) + n / rate * 1000000
     else
-      store(l, math.max(l.tat - micros(l, -n), now))
+      v = math.max(tat + n / rate * 1000000, now)
     end
-  else
+  elseif op ~= 'probe' then
     return redis.error_reply('quota: unknown operation ' .. tostring(op))
   end
+  -- A layer expires when it is full again: an absent key and a full
+  -- layer are the same state. A probe writes even what does not change.
+  -- (Redis formats a number argument with 17 digits, all a double has.)
+  if v ~= tat or op == 'probe' then
+    if v <= now then
+      redis.call('DEL', KEYS[i])
+    else
+      redis.call('SET', KEYS[i], v, 'PX', math.ceil((v - now) / 1000))
+    end
+  end
+  r[i + 2] = math.floor(v)
 end
-return reply(1, 0)
+if op == 'take' and r[2] == 0 then
+  return 0
+end
+return r
