@@ -4,9 +4,11 @@ import (
 	"context"
 	_ "embed"
 	"fmt"
+	"maps"
 	"math"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -41,7 +43,17 @@ func (l *Limiter) bucket(name string, lims []Limit) (bucket, error) {
 	if len(lims) == 0 {
 		return bucket{}, fmt.Errorf("%w: no Limit given", ErrInvalidLimit)
 	}
-	b := bucket{name: name, keys: make([]string, len(lims)), lims: make([]Limit, len(lims))}
+	b := bucket{name: name}
+	if len(lims) == 1 {
+		// The usual bucket, one layer, in one allocation.
+		one := new(struct {
+			keys [1]string
+			lims [1]Limit
+		})
+		b.keys, b.lims = one.keys[:], one.lims[:]
+	} else {
+		b.keys, b.lims = make([]string, len(lims)), make([]Limit, len(lims))
+	}
 	for i, lim := range lims {
 		if b.lims[i], err = lim.resolve(); err != nil {
 			return bucket{}, err
@@ -150,17 +162,20 @@ type argvCache struct {
 	maxWait int64
 	wait    any // maxWait, boxed
 
-	mu     sync.RWMutex
-	limits map[Limit][2]any
+	// limits maps a Limit to its rate and burst as the script reads them.
+	// Readers load it without a lock; a new Limit replaces it with a copy.
+	limits atomic.Pointer[map[Limit][2]any]
+	mu     sync.Mutex // serialises the copies
 }
 
 // maxCachedLimits bounds the cache: Limits come from configuration, and a
 // caller that makes new ones for every call gets them formatted each time.
 const maxCachedLimits = 1024
 
-func newArgvCache(maxWait time.Duration) argvCache {
+func (c *argvCache) init(maxWait time.Duration) {
 	us := maxWait.Microseconds()
-	return argvCache{one: num(1), maxWait: us, wait: us, limits: map[Limit][2]any{}}
+	c.one, c.maxWait, c.wait = num(1), us, us
+	c.limits.Store(&map[Limit][2]any{})
 }
 
 func (c *argvCache) tokens(n float64) any {
@@ -179,17 +194,18 @@ func (c *argvCache) micros(us int64) any {
 
 // limit returns lim's rate and burst as the script reads them.
 func (c *argvCache) limit(lim Limit) (rate, burst any) {
-	c.mu.RLock()
-	v, ok := c.limits[lim]
-	c.mu.RUnlock()
-	if ok {
+	if v, ok := (*c.limits.Load())[lim]; ok {
 		return v[0], v[1]
 	}
-	v = [2]any{num(lim.Rate), num(lim.Burst)}
+	v := [2]any{num(lim.Rate), num(lim.Burst)}
 	c.mu.Lock()
-	if len(c.limits) < maxCachedLimits {
-		c.limits[lim] = v
+	defer c.mu.Unlock()
+	old := *c.limits.Load()
+	if _, ok := old[lim]; !ok && len(old) < maxCachedLimits {
+		m := make(map[Limit][2]any, len(old)+1)
+		maps.Copy(m, old)
+		m[lim] = v
+		c.limits.Store(&m)
 	}
-	c.mu.Unlock()
 	return v[0], v[1]
 }

@@ -54,8 +54,8 @@ func NewLimiter(rdb redis.Scripter, opts ...Option) *Limiter {
 		cfg:          cfg,
 		bucketScript: newScript(rdb, bucketSource),
 		obs:          newObserver(cfg),
-		argv:         newArgvCache(cfg.maxWait),
 	}
+	l.argv.init(cfg.maxWait)
 	l.health.init(l, rdb)
 	l.workers.init(rdb, cfg)
 	name := cfg.name

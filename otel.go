@@ -133,16 +133,20 @@ func (s *waitSpan) limit(lim Limit) {
 }
 
 func (s *waitSpan) end(err error) {
+	ctx := context.Background()
+	metrics := s.o.acquisitions.Enabled(ctx) || s.o.waits.Enabled(ctx)
+	if !metrics && !s.span.IsRecording() {
+		return // nobody listens: build no attributes
+	}
 	waited := time.Since(s.start).Seconds()
-	outcome := outcome(err)
-	attrs := []attribute.KeyValue{attrMode.String(s.mode.String()), attrOutcome.String(outcome)}
+	attrs := []attribute.KeyValue{attrMode.String(s.mode.String()), attrOutcome.String(outcome(err))}
 	if err != nil {
 		attrs = append(attrs, attrErrorType.String(errorType(err)))
 	}
 	if s.o.keys {
 		attrs = append(attrs, attrKey.String(s.key))
 	}
-	if ctx := context.Background(); s.o.acquisitions.Enabled(ctx) || s.o.waits.Enabled(ctx) {
+	if metrics {
 		set := metric.WithAttributes(attrs...)
 		s.o.acquisitions.Add(ctx, 1, set)
 		s.o.waits.Record(ctx, waited, set)

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"sync"
+	"sync/atomic"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -24,8 +25,8 @@ type script struct {
 	src string
 	sha string
 
+	primed  atomic.Bool // the server has answered a call
 	mu      sync.Mutex
-	primed  bool
 	priming chan struct{} // closed when the first call ends
 }
 
@@ -57,8 +58,11 @@ func (s *script) run(ctx context.Context, keys []string, args ...any) (*redis.Cm
 // prime reports whether the caller is to send the script with EVAL as the
 // first call. A caller that finds the first call in flight waits for it.
 func (s *script) prime(ctx context.Context) bool {
+	if s.primed.Load() {
+		return false
+	}
 	s.mu.Lock()
-	if s.primed {
+	if s.primed.Load() {
 		s.mu.Unlock()
 		return false
 	}
@@ -80,7 +84,9 @@ func (s *script) prime(ctx context.Context) bool {
 func (s *script) primeDone(err error) {
 	var reply redis.Error
 	s.mu.Lock()
-	s.primed = err == nil || errors.As(err, &reply)
+	if err == nil || errors.As(err, &reply) {
+		s.primed.Store(true)
+	}
 	close(s.priming)
 	s.priming = nil
 	s.mu.Unlock()
