@@ -25,13 +25,13 @@ type config struct {
 // the resolution of the stored times, and some peers would skip the write.)
 var unlimited = limit{Rate: 1e6, Burst: 1e9}
 
-// defaultConfig is the full run: under a minute on 2 cores.
+// defaultConfig is the full run: about a minute on 2 cores.
 func defaultConfig() config {
 	return config{
-		ops:         20000,
-		rounds:      5,
+		ops:         30000,
+		rounds:      15,
 		parallel:    64,
-		throughput:  3 * time.Second,
+		throughput:  4500 * time.Millisecond,
 		swarms:      []int{50, 200},
 		contended:   3 * time.Second,
 		lim:         limit{Rate: 100, Burst: 10},

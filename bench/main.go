@@ -16,7 +16,7 @@
 // bucket, the Redis commands per grant and the most grants in any 1-second
 // window against the bound Burst + Rate.
 //
-//	go run .          # the full run, under a minute
+//	go run .          # the full run, about a minute
 //	go run . -short   # a smoke run of a few seconds
 //
 // The program exits 1 when redis-server is not on PATH.
@@ -33,6 +33,7 @@ import (
 	"runtime"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -54,9 +55,10 @@ func main() {
 // peerResult is everything measured of one peer.
 type peerResult struct {
 	peer
-	lat    latency
-	perSec float64
-	swarms []contention // in the order of config.swarms
+	lat      latency
+	perSec   float64
+	redisCPU time.Duration // redis-server's CPU time per acquisition at acq/s
+	swarms   []contention  // in the order of config.swarms
 }
 
 // run starts redis-server, measures every peer on it, stops it and writes

@@ -6,6 +6,8 @@ import (
 	"math"
 	"runtime"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -52,8 +54,9 @@ func newClient(addr string, n *atomic.Int64) *redis.Client {
 // latencySamples collects one peer's uncontended acquisitions across the
 // rounds of a run.
 type latencySamples struct {
-	times   []time.Duration
-	mallocs uint64
+	p50s, p99s []float64 // nanoseconds, one a round
+	ops        int
+	mallocs    uint64
 }
 
 // measure times ops acquisitions one after another on a bucket that
@@ -71,25 +74,32 @@ func (s *latencySamples) measure(ctx context.Context, acquire acquireFunc, ops i
 		times[i] = time.Since(start)
 	}
 	runtime.ReadMemStats(&after)
-	s.times = append(s.times, times...)
+	slices.Sort(times)
+	s.p50s = append(s.p50s, float64(times[len(times)/2]))
+	s.p99s = append(s.p99s, float64(times[int(math.Ceil(0.99*float64(len(times))))-1]))
+	s.ops += ops
 	s.mallocs += after.Mallocs - before.Mallocs
 	return nil
 }
 
-// result returns the median, the 99th percentile and the allocations per
-// acquisition of every sample so far.
+// result returns the median over the rounds of each round's median and
+// 99th percentile, and the allocations per acquisition of every round.
+// A round's own percentiles, not those of all samples pooled, because the
+// machine's other load changes between rounds: on a shared 2-core machine
+// the round trip to Redis is sometimes 25 µs and sometimes 60 µs for a
+// whole round, and pooled samples would rank the peers by which of them
+// happened to draw more fast rounds.
 func (s *latencySamples) result() latency {
-	times := slices.Sorted(slices.Values(s.times))
 	return latency{
-		p50:    times[len(times)/2],
-		p99:    times[int(math.Ceil(0.99*float64(len(times))))-1],
-		allocs: float64(s.mallocs) / float64(len(times)),
+		p50:    time.Duration(median(s.p50s)),
+		p99:    time.Duration(median(s.p99s)),
+		allocs: float64(s.mallocs) / float64(s.ops),
 	}
 }
 
 // measureThroughput runs goroutines that acquire from one never-waiting
-// bucket for d and returns acquisitions per second.
-func measureThroughput(ctx context.Context, acquire acquireFunc, goroutines int, d time.Duration) (float64, error) {
+// bucket for d and returns how many acquisitions they made and in how long.
+func measureThroughput(ctx context.Context, acquire acquireFunc, goroutines int, d time.Duration) (int64, time.Duration, error) {
 	var (
 		stop  atomic.Bool
 		total atomic.Int64
@@ -116,9 +126,32 @@ func measureThroughput(ctx context.Context, acquire acquireFunc, goroutines int,
 	elapsed := time.Since(start)
 	close(errs)
 	if err := <-errs; err != nil {
+		return 0, 0, err
+	}
+	return total.Load(), elapsed, nil
+}
+
+// redisCPU returns the CPU time redis-server has used so far, user and
+// system, as its INFO reports it (to the microsecond, on every platform).
+func redisCPU(ctx context.Context, rdb *redis.Client) (time.Duration, error) {
+	info, err := rdb.Info(ctx, "cpu").Result()
+	if err != nil {
 		return 0, err
 	}
-	return float64(total.Load()) / elapsed.Seconds(), nil
+	var total time.Duration
+	for _, field := range []string{"used_cpu_user:", "used_cpu_sys:"} {
+		i := strings.Index(info, "\n"+field)
+		if i < 0 {
+			return 0, fmt.Errorf("INFO cpu has no %s", strings.TrimSuffix(field, ":"))
+		}
+		v, _, _ := strings.Cut(info[i+1+len(field):], "\r\n")
+		secs, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+		if err != nil {
+			return 0, fmt.Errorf("INFO cpu %s: %w", field, err)
+		}
+		total += time.Duration(secs * float64(time.Second))
+	}
+	return total, nil
 }
 
 // swarm runs goroutines that each acquire in a loop until d has passed,

@@ -27,6 +27,7 @@ func columns(cfg config) []column {
 		{header: "p50", value: func(r peerResult) (float64, bool) { return float64(r.lat.p50), true }, format: fmtDuration},
 		{header: "p99", value: func(r peerResult) (float64, bool) { return float64(r.lat.p99), true }, format: fmtDuration},
 		{header: fmt.Sprintf("acq/s ×%d", cfg.parallel), value: func(r peerResult) (float64, bool) { return r.perSec, true }, format: fmtCount, higher: true},
+		{header: "Redis CPU/acq", value: func(r peerResult) (float64, bool) { return float64(r.redisCPU), r.redis }, format: fmtDuration},
 		{header: "allocs/acq", value: func(r peerResult) (float64, bool) { return r.lat.allocs, true }, format: fmtFloat},
 	}
 	for i, g := range cfg.swarms {
@@ -104,13 +105,16 @@ func writeTable(w io.Writer, cfg config, version string, results []peerResult) {
 
 	fmt.Fprintf(w, "\nredis-server %s on loopback, started by this program; %s, GOMAXPROCS %d.\n",
 		version, runtime.Version(), gomaxprocs())
-	fmt.Fprintf(w, "- p50, p99, allocs/acq: %d acquisitions one after another; acq/s ×%d: %d goroutines, "+
-		"the median of %d runs of %v; both on a bucket that never makes anyone wait, the peers taking turns in %d rounds.\n",
-		cfg.ops, cfg.parallel, cfg.parallel, cfg.rounds, cfg.throughput/time.Duration(cfg.rounds), cfg.rounds)
+	fmt.Fprintf(w, "- p50, p99, allocs/acq: %d acquisitions one after another, the medians of %d rounds' p50 and p99; "+
+		"acq/s ×%d: %d goroutines, the median of %d runs of %v; both on a bucket that never makes anyone wait, "+
+		"the peers taking turns in %d rounds.\n",
+		cfg.ops, cfg.rounds, cfg.parallel, cfg.parallel, cfg.rounds, cfg.throughput/time.Duration(cfg.rounds), cfg.rounds)
 	fmt.Fprintf(w, "- cmds/grant ×N, max 1 s ×N: N goroutines for %v on a fresh bucket of %g/s burst %d. "+
 		"cmds/grant counts every Redis command but connection set-up (HELLO, CLIENT, AUTH, SELECT); "+
 		"max 1 s is the most grants in any 1-second window / the bound Burst + Rate × (1 s + %v of stamp slack).\n",
 		cfg.contended, cfg.lim.Rate, cfg.lim.Burst, stampSlack)
+	fmt.Fprintln(w, "- Redis CPU/acq: the CPU time redis-server used during the acq/s runs (INFO cpu), "+
+		"divided by their acquisitions: what one acquisition costs the Redis that the whole fleet shares.")
 	fmt.Fprintln(w, "- (Nx): the figure divided by the best Redis-backed peer's in its column; "+
 		"x/time/rate, in-process, is the lower bound of cost and never the best.")
 	fmt.Fprintln(w, "- exact: never over the bound; 1 trip: at most 1.1 Redis commands per grant in every contended run.")
