@@ -1,7 +1,8 @@
 # make demo   the fleet demonstration: the problem and the cure (see demo/)
 # make test   installs redis-server when missing, lints, runs every test,
 #             the demo's and the Jaeger end-to-end check included
-# make bench  the benchmarks: quota beside a bare EVALSHA, and beside its peers
+# make bench  the benchmarks: quota beside a bare EVALSHA, and beside its peers;
+#             then what one call of the script costs Redis, beside redis_rate's
 # make e2e    the example in examples/jaeger against a real Jaeger, built once
 #             per machine into a cache outside the clone
 # make lint   gofmt, go vet and staticcheck on every module
@@ -23,8 +24,9 @@ test: redis lint
 	$(MAKE) e2e
 
 bench: redis
-	QUOTA_REQUIRE_REDIS=1 $(GO) test -run '^$$' -bench . -benchmem -count 6 .
+	QUOTA_REQUIRE_REDIS=1 $(GO) test -run '^$$' -bench . -benchmem -count 8 .
 	cd bench && $(GO) run .
+	scripts/script-cost.sh
 
 e2e: redis
 	GO=$(GO) STATICCHECK=$(STATICCHECK) scripts/e2e.sh
