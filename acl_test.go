@@ -47,7 +47,7 @@ func TestLeastPrivilegeUser(t *testing.T) {
 			t.Fatalf("Wait as the limiter's user: %v", err)
 		}
 	}
-	waitFor(t, func() bool { return l.workers.divisor(FallbackLocal(1).CountingWorkers()) == 1 }, "the worker count")
+	eventually(t, 2*time.Second, "the worker count", func() bool { return l.workers.divisor(FallbackLocal(1).CountingWorkers()) == 1 })
 	if err := lrdb.Set(ctx, "other:key", "x", 0).Err(); !redis.HasErrorPrefix(err, "NOPERM") {
 		t.Errorf("SET other:key as the limiter's user: %v, want NOPERM", err)
 	}
@@ -82,11 +82,3 @@ func splitRule(rule string) []any {
 func slogOf(h slog.Handler) *slog.Logger { return slog.New(h) }
 
 // waitFor polls cond for up to two seconds.
-func waitFor(t *testing.T, cond func() bool, what string) {
-	t.Helper()
-	for deadline := time.Now().Add(2 * time.Second); !cond(); time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-	}
-}

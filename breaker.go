@@ -2,7 +2,6 @@ package quota
 
 import (
 	"context"
-	"errors"
 	"log/slog"
 	"strings"
 	"sync"
@@ -21,26 +20,42 @@ const (
 	probeTimeout    = 2 * time.Second
 )
 
-// remindEvery is how often, at most, a Limiter repeats that it is degraded.
-// probeIdle is how long the probe goes on without a request before it stops;
-// the next request starts it again, so an abandoned Limiter leaves nothing
-// running.
+// remindEvery is how often, at most, a breaker repeats that Redis is
+// unavailable. probeIdle is how long the probe goes on without a request
+// before it stops, so that an abandoned Limiter leaves nothing running.
 const (
 	remindEvery = time.Minute
 	probeIdle   = time.Minute
 )
 
-// health is a Limiter's breaker in front of Redis. After a Redis call fails
-// as unavailable, requests go straight to the Policy, paying no Redis
-// timeout, while one background probe at a time asks Redis with backoff;
-// when Redis answers, the shared bucket takes over again. Every change of
-// mode is logged once, and a reminder at most once a minute while degraded.
-type health struct {
-	l           *Limiter
+// A breaker stands in front of Redis for a Limiter. It is closed while
+// Redis answers. After a call fails as unavailable it opens: requests go
+// straight to the Policy, paying no Redis timeout, while one background
+// probe at a time asks Redis with backoff. When Redis answers, the breaker
+// closes and the shared bucket takes over again.
+//
+// A probe that has had no request to serve for probeIdle stops, and the
+// breaker goes half-open: it reports no outage, since nobody has checked
+// for one, and the next request asks Redis itself, tripping it again if
+// Redis still does not answer.
+//
+// Every change of state is logged once, and a reminder at most once a
+// minute while open.
+type breaker struct {
+	policy      Policy
 	client      string // the Redis address(es), for the logs
+	logger      *slog.Logger
 	remindEvery time.Duration
+	idle        time.Duration
 
-	state   atomic.Int32 // a Mode
+	// ask asks Redis about bucket b; it returns nil when Redis answered,
+	// even with an error that is not an outage.
+	ask func(ctx context.Context, b bucket) error
+	// closing runs before the breaker closes after an outage: it hands
+	// the shared bucket what the policy granted. closed runs after.
+	closing, closed func()
+
+	state   atomic.Int32 // a Mode: ModeShared while closed or half-open
 	served  atomic.Int64 // requests the policy let through in this outage
 	refused atomic.Int64 // requests the policy refused in this outage
 	probing atomic.Bool  // a probe is running
@@ -52,42 +67,33 @@ type health struct {
 	reminded time.Time
 }
 
-func (h *health) init(l *Limiter, rdb redis.Scripter) {
-	h.l = l
-	h.client = describeClient(rdb)
-	if l.cfg.name != "" {
-		h.client = l.cfg.name + " (" + h.client + ")"
-	}
-	h.remindEvery = remindEvery
-}
+func (br *breaker) mode() Mode { return Mode(br.state.Load()) }
 
-func (h *health) mode() Mode { return Mode(h.state.Load()) }
-
-func (h *health) lastCause() error {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return h.cause
+func (br *breaker) lastCause() error {
+	br.mu.Lock()
+	defer br.mu.Unlock()
+	return br.cause
 }
 
 // trip records that a call on bucket b failed as unavailable. The first
-// caller to trip switches the Limiter to its Policy's mode, logs it and
-// starts the probe; later callers find the mode already switched.
-func (h *health) trip(b bucket, cause error) {
-	mode := h.l.cfg.policy.mode()
-	if !h.state.CompareAndSwap(int32(ModeShared), int32(mode)) {
+// caller to trip opens the breaker, logs it and starts the probe; later
+// callers find it open already.
+func (br *breaker) trip(b bucket, cause error) {
+	mode := br.policy.mode()
+	if !br.state.CompareAndSwap(int32(ModeShared), int32(mode)) {
 		return
 	}
 	now := time.Now()
-	h.mu.Lock()
-	h.cause, h.since, h.reminded = cause, now, now
-	h.mu.Unlock()
-	h.served.Store(0)
-	h.refused.Store(0)
-	h.touch(b)
-	h.l.cfg.logger.LogAttrs(context.Background(), levelFor(mode), "quota: Redis unavailable, "+describeMode(mode),
-		slog.String("redis", h.client),
-		slog.String("key", b.name),
-		slog.String("policy", h.l.cfg.policy.String()),
+	br.mu.Lock()
+	br.cause, br.since, br.reminded = cause, now, now
+	br.mu.Unlock()
+	br.served.Store(0)
+	br.refused.Store(0)
+	br.touch(b)
+	br.logger.LogAttrs(context.Background(), levelFor(mode), "quota: Redis unavailable, "+describeMode(mode),
+		slog.String("redis", br.client),
+		slog.String("bucket", b.name),
+		slog.String("policy", br.policy.String()),
 		slog.String("mode", mode.String()),
 		slog.String("cause", cause.Error()),
 	)
@@ -95,77 +101,97 @@ func (h *health) trip(b bucket, cause error) {
 
 // touch notes that the policy is serving a request on bucket b and makes
 // sure a probe is running.
-func (h *health) touch(b bucket) {
-	h.used.Store(time.Now().UnixNano())
-	if h.probing.CompareAndSwap(false, true) {
-		go h.probe(b)
+func (br *breaker) touch(b bucket) {
+	br.used.Store(time.Now().UnixNano())
+	if br.probing.CompareAndSwap(false, true) {
+		go br.probe(b)
 	}
 }
 
-// probe asks Redis, with backoff, until it answers, then hands the Limiter
-// back to the shared bucket. It stops early when no request has needed the
-// policy for probeIdle.
-func (h *health) probe(b bucket) {
-	defer h.probing.Store(false)
+// probe asks Redis, with backoff, until it answers, then closes the
+// breaker. It stops early, leaving the breaker half-open, when no request
+// has needed the policy for br.idle.
+func (br *breaker) probe(b bucket) {
+	defer br.probing.Store(false)
 	backoff := probeMinBackoff
 	for {
 		time.Sleep(backoff)
-		if time.Since(time.Unix(0, h.used.Load())) > probeIdle {
+		if time.Since(time.Unix(0, br.used.Load())) > br.idle {
+			br.halfOpen()
 			return
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), probeTimeout)
-		if cc, ok := h.l.bucketScript.rdb.(*redis.ClusterClient); ok {
-			cc.ReloadState(ctx) // learn of a failover without waiting for the periodic reload
-		}
-		_, _, err := h.l.call(ctx, b, opProbe, 0, 0, nil)
+		err := br.ask(ctx, b)
 		cancel()
-		// Redis answering at all, even with an error that is not an outage
-		// (a script error, missing rights), ends the outage.
-		if err == nil || !errors.Is(h.l.classify(context.Background(), err), ErrUnavailable) {
-			h.recover()
+		if err == nil {
+			br.close()
 			return
 		}
-		h.remind(err)
+		br.remind(err)
 		backoff = min(2*backoff, probeMaxBackoff)
 	}
 }
 
-func (h *health) remind(cause error) {
-	h.mu.Lock()
-	due := time.Since(h.reminded) >= h.remindEvery
+func (br *breaker) remind(cause error) {
+	br.mu.Lock()
+	due := time.Since(br.reminded) >= br.remindEvery
 	if due {
-		h.reminded = time.Now()
-		h.cause = cause
+		br.reminded = time.Now()
+		br.cause = cause
 	}
-	since := h.since
-	h.mu.Unlock()
+	since := br.since
+	br.mu.Unlock()
 	if !due {
 		return
 	}
-	mode := h.mode()
-	h.l.cfg.logger.LogAttrs(context.Background(), levelFor(mode), "quota: Redis still unavailable, "+describeMode(mode),
-		slog.String("redis", h.client),
-		slog.String("policy", h.l.cfg.policy.String()),
+	mode := br.mode()
+	br.logger.LogAttrs(context.Background(), levelFor(mode), "quota: Redis still unavailable, "+describeMode(mode),
+		slog.String("redis", br.client),
+		slog.String("policy", br.policy.String()),
 		slog.String("mode", mode.String()),
 		slog.Duration("for", time.Since(since).Round(time.Millisecond)),
-		slog.Int64("served", h.served.Load()),
-		slog.Int64("refused", h.refused.Load()),
+		slog.Int64("served", br.served.Load()),
+		slog.Int64("refused", br.refused.Load()),
 		slog.String("cause", cause.Error()),
 	)
 }
 
-func (h *health) recover() {
-	h.mu.Lock()
-	since := h.since
-	h.mu.Unlock()
-	h.l.settleLocal()
-	h.state.Store(int32(ModeShared))
-	h.l.locals.reset()
-	h.l.cfg.logger.LogAttrs(context.Background(), slog.LevelInfo, "quota: Redis available again, the shared bucket resumed",
-		slog.String("redis", h.client),
+// close ends the outage: Redis answered.
+func (br *breaker) close() {
+	br.mu.Lock()
+	since := br.since
+	br.mu.Unlock()
+	if br.closing != nil {
+		br.closing()
+	}
+	br.state.Store(int32(ModeShared))
+	if br.closed != nil {
+		br.closed()
+	}
+	br.logger.LogAttrs(context.Background(), slog.LevelInfo, "quota: Redis available again, the shared bucket resumed",
+		slog.String("redis", br.client),
 		slog.Duration("after", time.Since(since).Round(time.Millisecond)),
-		slog.Int64("served", h.served.Load()),
-		slog.Int64("refused", h.refused.Load()),
+		slog.Int64("served", br.served.Load()),
+		slog.Int64("refused", br.refused.Load()),
+	)
+}
+
+// halfOpen stops reporting an outage that nobody has checked for br.idle:
+// the next request asks Redis itself.
+func (br *breaker) halfOpen() {
+	br.mu.Lock()
+	since := br.since
+	br.mu.Unlock()
+	br.state.Store(int32(ModeShared))
+	if br.closed != nil {
+		br.closed()
+	}
+	br.logger.LogAttrs(context.Background(), slog.LevelWarn, "quota: no request for a while; the next one asks Redis again",
+		slog.String("redis", br.client),
+		slog.Duration("idle", br.idle),
+		slog.Duration("after", time.Since(since).Round(time.Millisecond)),
+		slog.Int64("served", br.served.Load()),
+		slog.Int64("refused", br.refused.Load()),
 	)
 }
 

@@ -2,7 +2,9 @@ package quota
 
 import (
 	"context"
+	"crypto/sha256"
 	_ "embed"
+	"encoding/hex"
 	"fmt"
 	"maps"
 	"math"
@@ -10,33 +12,45 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 //go:embed script.lua
 var bucketSource string
 
-// The operations of the bucket script.
-const (
-	opTake   = "take"
-	opRefund = "refund"
-	opProbe  = "probe"
-	opPause  = "pause"
-	opLower  = "lower"
-	opAdjust = "adjust"
-)
+// maxNameLen bounds a bucket's name inside its Redis key. Longer names,
+// which only untrusted input produces, are shortened to a prefix and a
+// digest.
+const maxNameLen = 200
 
-// bucket is one bucket's layers: the Redis key and the resolved Limit of
-// each, the first layer under the bucket's own key.
+// bucket is one bucket's layers: its name, and the Redis key and resolved
+// Limit of each layer, the first layer under the bucket's own key.
 type bucket struct {
 	name string
 	keys []string
 	lims []Limit
 }
 
-// bucket returns the bucket named name with layers lims, validated and
+// bucketKey returns the Redis key of the bucket named name: the prefix,
+// then the name in a hash tag so that every key of one bucket shares a
+// Cluster slot.
+func bucketKey(prefix, name string) (string, error) {
+	if name == "" {
+		return "", fmt.Errorf("%w: empty bucket name", ErrInvalidKey)
+	}
+	if len(name) > maxNameLen {
+		sum := sha256.Sum256([]byte(name))
+		digest := hex.EncodeToString(sum[:8])
+		name = name[:maxNameLen-len(digest)-1] + "~" + digest
+	}
+	return prefix + "{" + name + "}", nil
+}
+
+// newBucket returns the bucket named name with layers lims, validated and
 // resolved, without asking Redis anything.
-func (l *Limiter) bucket(name string, lims []Limit) (bucket, error) {
-	rkey, err := l.redisKey(name)
+func newBucket(prefix, name string, lims []Limit) (bucket, error) {
+	key, err := bucketKey(prefix, name)
 	if err != nil {
 		return bucket{}, err
 	}
@@ -58,11 +72,11 @@ func (l *Limiter) bucket(name string, lims []Limit) (bucket, error) {
 		if b.lims[i], err = lim.resolve(); err != nil {
 			return bucket{}, err
 		}
-		b.keys[i] = rkey
+		b.keys[i] = key
 		if i > 0 {
 			// Further layers live beside the first, in its hash slot, under
 			// a key that names their Limit.
-			b.keys[i] = rkey + ":" + num(b.lims[i].Rate) + "/" + num(b.lims[i].Burst)
+			b.keys[i] = key + ":" + num(b.lims[i].Rate) + "/" + num(b.lims[i].Burst)
 		}
 	}
 	return b, nil
@@ -78,39 +92,118 @@ func (b bucket) checkTokens(n float64) error {
 	return nil
 }
 
-// reply is the decoded reply of the bucket script.
-type reply struct {
-	granted bool
-	wait    time.Duration
-	tats    []int64 // microseconds, a layer each; identify a take for its refund (nil without a wait)
+// store runs the operations of the bucket script (script.lua) on Redis, one
+// typed method each.
+type store struct {
+	script  *script
+	argv    argvCache
+	clock   func() time.Time // nil: the server's clock
+	cluster bool             // the client follows Cluster redirections
 }
 
-// call runs op of the bucket script on b and returns the reply and the
-// number of Redis round trips it took. n and arg are the operation's
-// ARGV[2] and ARGV[3]; mine is a refund's tats.
-func (l *Limiter) call(ctx context.Context, b bucket, op string, n float64, arg int64, mine []int64) (reply, int, error) {
+func newStore(rdb redis.Scripter, cfg config) *store {
+	s := &store{script: newScript(rdb, bucketSource), clock: cfg.clock}
+	_, s.cluster = rdb.(*redis.ClusterClient)
+	s.argv.init(cfg.maxWait)
+	return s
+}
+
+// grant is the reply to a take.
+type grant struct {
+	granted bool          // false: the wait exceeds the caller's, nothing was taken
+	wait    time.Duration // until the tokens have accrued, or would have
+	tats    []int64       // µs, a layer each; identify the take for its refund (nil without a wait)
+}
+
+// take takes n tokens from every layer of b when the wait for them is at
+// most maxWait, and returns the grant and the Redis round trips it took.
+func (s *store) take(ctx context.Context, b bucket, n float64, maxWait time.Duration) (grant, int, error) {
+	cmd, trips := s.run(ctx, b, "take", s.argv.tokens(n), s.argv.micros(maxWait.Microseconds()), nil)
+	if err := cmd.Err(); err != nil {
+		return grant{}, trips, err
+	}
+	if v, ok := cmd.Val().(int64); ok && v == 0 {
+		return grant{granted: true}, trips, nil // granted without a wait
+	}
+	v, err := s.decode(cmd, b)
+	if err != nil {
+		return grant{}, trips, err
+	}
+	return grant{granted: v[0] == 1, wait: time.Duration(v[1]) * time.Microsecond, tats: v[2:]}, trips, nil
+}
+
+// refund hands back n tokens of a take identified by its tats.
+func (s *store) refund(ctx context.Context, b bucket, n float64, tats []int64) error {
+	return s.do(ctx, b, "refund", s.argv.tokens(n), tats)
+}
+
+// probe rewrites b as it is, to learn whether the server accepts writes.
+func (s *store) probe(ctx context.Context, b bucket) error {
+	return s.do(ctx, b, "probe", 0, nil)
+}
+
+// pause grants nothing from b for d, as a provider's Retry-After asks.
+func (s *store) pause(ctx context.Context, b bucket, d time.Duration) error {
+	return s.do(ctx, b, "pause", d.Microseconds(), nil)
+}
+
+// lower leaves every layer of b at most remaining tokens, never raising it.
+func (s *store) lower(ctx context.Context, b bucket, remaining float64) error {
+	for _, lim := range b.lims {
+		if remaining < lim.Burst {
+			return s.do(ctx, b, "lower", num(remaining), nil)
+		}
+	}
+	return nil // no layer holds more than that
+}
+
+// adjust takes n more tokens from b at once, or gives -n back.
+func (s *store) adjust(ctx context.Context, b bucket, n float64) error {
+	return s.do(ctx, b, "adjust", num(n), nil)
+}
+
+// do runs an operation whose reply says nothing but success.
+func (s *store) do(ctx context.Context, b bucket, op string, x any, tats []int64) error {
+	cmd, _ := s.run(ctx, b, op, x, 0, tats)
+	if err := cmd.Err(); err != nil {
+		return err
+	}
+	_, err := s.decode(cmd, b)
+	return err
+}
+
+// run runs the script on b's keys with ARGV op, x and y (see script.lua),
+// the clock, and each layer's rate, burst and tat.
+func (s *store) run(ctx context.Context, b bucket, op string, x, y any, tats []int64) (*redis.Cmd, int) {
 	args := make([]any, 0, 4+3*len(b.lims))
-	args = append(args, op, l.argv.tokens(n), l.argv.micros(arg), l.now())
+	args = append(args, op, x, y, s.now())
 	for i, lim := range b.lims {
 		var tat any = 0
-		if mine != nil {
-			tat = mine[i]
+		if tats != nil {
+			tat = tats[i]
 		}
-		rate, burst := l.argv.limit(lim)
+		rate, burst := s.argv.limit(lim)
 		args = append(args, rate, burst, tat)
 	}
-	cmd, trips := l.bucketScript.run(ctx, b.keys, args...)
-	if err := cmd.Err(); err != nil {
-		return reply{}, trips, err
-	}
-	if v, ok := cmd.Val().(int64); ok && v == 0 && op == opTake {
-		return reply{granted: true}, trips, nil // granted without a wait
-	}
+	return s.script.run(ctx, b.keys, args...)
+}
+
+// decode checks a table reply, {granted, wait, tat_1, ..., tat_k}.
+func (s *store) decode(cmd *redis.Cmd, b bucket) ([]int64, error) {
 	v, err := cmd.Int64Slice()
 	if err != nil || len(v) != 2+len(b.keys) {
-		return reply{}, trips, fmt.Errorf("%w: unexpected reply %v", ErrScript, cmd.Val())
+		return nil, fmt.Errorf("%w: unexpected reply %v", ErrScript, cmd.Val())
 	}
-	return reply{granted: v[0] == 1, wait: time.Duration(v[1]) * time.Microsecond, tats: v[2:]}, trips, nil
+	return v, nil
+}
+
+// now returns the ARGV the script reads as the time: empty for the server's
+// clock, the caller's clock in microseconds with WithClock.
+func (s *store) now() string {
+	if s.clock == nil {
+		return ""
+	}
+	return strconv.FormatInt(s.clock().UnixMicro(), 10)
 }
 
 // num formats x for the script: plain digits where they are short, which
@@ -120,38 +213,6 @@ func num(x float64) string {
 		return strconv.FormatFloat(x, 'f', -1, 64)
 	}
 	return strconv.FormatFloat(x, 'g', -1, 64)
-}
-
-// now returns the ARGV the script reads as the time: empty for the server's
-// clock, the caller's clock in microseconds with WithClock.
-func (l *Limiter) now() string {
-	if l.cfg.clock == nil {
-		return ""
-	}
-	return strconv.FormatInt(l.cfg.clock().UnixMicro(), 10)
-}
-
-// pause grants nothing from b for d, as a provider's Retry-After asks.
-func (l *Limiter) pause(ctx context.Context, b bucket, d time.Duration) error {
-	_, _, err := l.call(ctx, b, opPause, float64(d.Microseconds()), 0, nil)
-	return err
-}
-
-// lower leaves every layer of b at most remaining tokens, never raising it.
-func (l *Limiter) lower(ctx context.Context, b bucket, remaining float64) error {
-	for _, lim := range b.lims {
-		if remaining < lim.Burst {
-			_, _, err := l.call(ctx, b, opLower, remaining, 0, nil)
-			return err
-		}
-	}
-	return nil // no layer holds more than that
-}
-
-// adjust takes n more tokens from b at once, or gives -n back.
-func (l *Limiter) adjust(ctx context.Context, b bucket, n float64) error {
-	_, _, err := l.call(ctx, b, opAdjust, n, 0, nil)
-	return err
 }
 
 // argvCache keeps the script arguments that most calls repeat (the Limits

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -57,78 +56,6 @@ func takeAndRefuse(t *testing.T, l *Limiter, name string) {
 	}
 }
 
-// cmdCounter is a go-redis hook that counts the commands a client sends, by
-// name ("evalsha", "eval", "script load", ...).
-type cmdCounter struct {
-	mu sync.Mutex
-	n  map[string]int
-}
-
-func newCmdCounter() *cmdCounter { return &cmdCounter{n: map[string]int{}} }
-
-func (c *cmdCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
-
-func (c *cmdCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		c.count(cmd)
-		return next(ctx, cmd)
-	}
-}
-
-func (c *cmdCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		for _, cmd := range cmds {
-			c.count(cmd)
-		}
-		return next(ctx, cmds)
-	}
-}
-
-func (c *cmdCounter) count(cmd redis.Cmder) {
-	name := cmd.Name()
-	if args := cmd.Args(); name == "script" && len(args) > 1 {
-		name += " " + strings.ToLower(fmt.Sprint(args[1]))
-	}
-	c.mu.Lock()
-	c.n[name]++
-	c.mu.Unlock()
-}
-
-// get returns how many commands named name were sent.
-func (c *cmdCounter) get(name string) int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.n[name]
-}
-
-// total returns how many commands were sent.
-func (c *cmdCounter) total() int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	n := 0
-	for _, v := range c.n {
-		n += v
-	}
-	return n
-}
-
-func (c *cmdCounter) reset() {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	clear(c.n)
-}
-
-func (c *cmdCounter) String() string {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	var parts []string
-	for name, v := range c.n {
-		parts = append(parts, fmt.Sprintf("%s=%d", name, v))
-	}
-	slices.Sort(parts)
-	return strings.Join(parts, " ")
-}
-
 // slotOwners returns, from CLUSTER SHARDS, a function that maps a slot to
 // the address of the master serving it.
 func slotOwners(t *testing.T, cc *redis.ClusterClient) func(slot int64) string {
@@ -170,7 +97,7 @@ func TestClusterClient(t *testing.T) {
 	onMaster := map[string]int{} // master address: bucket keys it serves
 	direct := map[string]*redis.Client{}
 	for _, name := range names {
-		rkey, err := l.redisKey(name)
+		rkey, err := bucketKey(l.cfg.prefix, name)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -239,7 +166,7 @@ func TestNoScriptOnCluster(t *testing.T) {
 	masters := map[string]bool{}
 	names := bucketNames(30)
 	for _, name := range names {
-		rkey, _ := l.redisKey(name)
+		rkey, _ := bucketKey(l.cfg.prefix, name)
 		masters[cluster.MasterFor(rkey).Addr()] = true
 		takeAndRefuse(t, l, name)
 	}
@@ -253,7 +180,7 @@ func TestNoScriptOnCluster(t *testing.T) {
 			if err := m.ScriptFlush(ctx).Err(); err != nil {
 				return err
 			}
-			if ok, err := m.ScriptExists(ctx, l.bucketScript.sha).Result(); err != nil || ok[0] {
+			if ok, err := m.ScriptExists(ctx, l.store.script.sha).Result(); err != nil || ok[0] {
 				return fmt.Errorf("%s: SCRIPT EXISTS after SCRIPT FLUSH = %v, %v", m.Options().Addr, ok, err)
 			}
 			return nil
@@ -352,7 +279,7 @@ func TestRingClient(t *testing.T) {
 	onShard := map[string]int{}
 	for _, name := range names {
 		takeAndRefuse(t, l, name)
-		rkey, _ := l.redisKey(name)
+		rkey, _ := bucketKey(l.cfg.prefix, name)
 		var on []string
 		for shard, c := range shards {
 			if n, err := c.Exists(ctx, rkey).Result(); err != nil {
@@ -396,7 +323,7 @@ func TestFailoverClient(t *testing.T) {
 
 	// The bucket is written on the master and replicated, TIME and all.
 	takeAndRefuse(t, l, "failover-slow")
-	rkey, _ := l.redisKey("failover-slow")
+	rkey, _ := bucketKey(l.cfg.prefix, "failover-slow")
 	want, err := sentinel.Master().Client(t).Get(ctx, rkey).Result()
 	if err != nil {
 		t.Fatalf("GET %s on the master: %v", rkey, err)

@@ -3,6 +3,10 @@ package quota
 import (
 	"context"
 	"errors"
+	"fmt"
+	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // Errors returned by the Limiter and the Transport. Each one is matched with
@@ -32,9 +36,11 @@ var (
 	// outage: the policy does not hide it.
 	ErrNoPermission = errors.New("quota: redis user lacks permission")
 
-	// ErrScript reports a script that failed on the server or a reply this
-	// package cannot decode. It is a bug or a misconfiguration (for example a
-	// key of another type under the prefix), not an outage.
+	// ErrScript reports a call the server rejected as wrong, or a reply this
+	// package cannot decode. It is a bug or a misconfiguration, not an
+	// outage: for example a key of another type under the prefix, or a
+	// plain *redis.Client pointed at one node of a Redis Cluster, which
+	// answers MOVED for the buckets other nodes serve.
 	ErrScript = errors.New("quota: script failed")
 
 	// ErrWouldExceedDeadline reports that the wait for the tokens would end
@@ -48,3 +54,107 @@ type deadlineError struct{}
 func (deadlineError) Error() string { return "quota: wait would exceed the context deadline" }
 
 func (deadlineError) Is(target error) bool { return target == context.DeadlineExceeded }
+
+// The outcomes of an acquisition, as its span and metrics name them.
+const (
+	outcomeGranted   = "granted"
+	outcomeRefused   = "refused"
+	outcomeCancelled = "cancelled"
+	outcomeError     = "error"
+)
+
+// sentinels is the one table of what each error means: its error.type, the
+// outcome it gives an acquisition, and whether it is permanent (see
+// Permanent). Earlier rows win, so ErrWouldExceedDeadline comes before the
+// context.DeadlineExceeded it also matches.
+var sentinels = []struct {
+	err       error
+	errorType string
+	outcome   string
+	permanent bool
+}{
+	{ErrWouldExceedDeadline, "would_exceed_deadline", outcomeRefused, true},
+	{ErrUnavailable, "unavailable", outcomeRefused, true},
+	{ErrScript, "script", outcomeError, true},
+	{ErrNoPermission, "no_permission", outcomeError, true},
+	{ErrInvalidLimit, "invalid_limit", outcomeError, true},
+	{ErrInvalidTokens, "invalid_tokens", outcomeError, true},
+	{ErrExceedsBurst, "exceeds_burst", outcomeError, true},
+	{ErrInvalidKey, "invalid_key", outcomeError, true},
+	{context.Canceled, "canceled", outcomeCancelled, false},
+	{context.DeadlineExceeded, "deadline_exceeded", outcomeCancelled, false},
+}
+
+// sentinelOf returns the row of sentinels that err matches, or false.
+func sentinelOf(err error) (int, bool) {
+	for i, s := range sentinels {
+		if errors.Is(err, s.err) {
+			return i, true
+		}
+	}
+	return 0, false
+}
+
+// outcome names how an acquisition ended.
+func outcome(err error) string {
+	if err == nil {
+		return outcomeGranted
+	}
+	if i, ok := sentinelOf(err); ok {
+		return sentinels[i].outcome
+	}
+	return outcomeError
+}
+
+// errorType is the low-cardinality error.type of err.
+func errorType(err error) string {
+	if i, ok := sentinelOf(err); ok {
+		return sentinels[i].errorType
+	}
+	return "_OTHER"
+}
+
+// classify turns an error of a Redis call into the error a caller gets: the
+// caller's own context error, ErrNoPermission or ErrScript for a call the
+// server rejects as wrong (a misconfiguration or a bug, which no policy
+// should hide), or ErrUnavailable for everything that says the server cannot
+// serve now. cluster tells whether the client follows a Cluster's
+// redirections itself, in which case one that still fails is an outage.
+func classify(ctx context.Context, err error, cluster bool) error {
+	if ctxErr := ctx.Err(); ctxErr != nil {
+		return ctxErr
+	}
+	if d, ok := ctx.Deadline(); ok && !time.Now().Before(d) {
+		// The connection's deadline, taken from ctx, fired a moment before
+		// ctx itself ended: the caller's deadline, not an outage.
+		return context.DeadlineExceeded
+	}
+	if errors.Is(err, ErrScript) {
+		return err
+	}
+	if redis.HasErrorPrefix(err, "NOPERM") {
+		return fmt.Errorf("%w: %w", ErrNoPermission, err)
+	}
+	if !cluster && (redis.HasErrorPrefix(err, "MOVED") || redis.HasErrorPrefix(err, "ASK")) {
+		return fmt.Errorf("%w: %w: the server is a node of a Redis Cluster; use a *redis.ClusterClient", ErrScript, err)
+	}
+	var rerr redis.Error
+	if errors.As(err, &rerr) && !isOutageReply(err) {
+		return fmt.Errorf("%w: %w", ErrScript, err)
+	}
+	return fmt.Errorf("%w: %w", ErrUnavailable, err)
+}
+
+// outageReplies are the error replies that say the server cannot serve now
+// (loading, failing over, a replica, a cluster without quorum, a slot
+// moving) rather than that the call is wrong.
+var outageReplies = []string{"LOADING", "CLUSTERDOWN", "READONLY", "MASTERDOWN", "TRYAGAIN", "BUSY", "NOREPLICAS", "MOVED", "ASK", "FAILOVER", "UNBLOCKED"}
+
+func isOutageReply(err error) bool {
+	for _, p := range outageReplies {
+		if redis.HasErrorPrefix(err, p) {
+			return true
+		}
+	}
+	return false
+}

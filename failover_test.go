@@ -25,7 +25,7 @@ func failover(t *testing.T, ws []worker, kill func(rkey string)) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rkey, _ := ws[0].tr.Limiter().redisKey(name)
+	rkey, _ := bucketKey(ws[0].tr.Limiter().cfg.prefix, name)
 	lim := ws[0].tr.limit
 	stop := make(chan struct{})
 	done := make(chan []result)

@@ -1,6 +1,8 @@
 package quota
 
 import (
+	"context"
+	"fmt"
 	"math"
 	"sync"
 	"sync/atomic"
@@ -9,17 +11,31 @@ import (
 	"golang.org/x/time/rate"
 )
 
+// maxLocalBuckets bounds the buckets that FallbackLocal serves at once in
+// one process, and maxQueues the buckets whose queue it remembers, so that
+// untrusted bucket names cannot grow a process without bound. Entries that
+// hold nothing any more are dropped long before either bound is reached.
+const (
+	maxLocalBuckets = 10000
+	maxQueues       = 10000
+)
+
 // localLimiters holds the in-process limiters of FallbackLocal, one per
 // layer of each bucket, created when an outage first needs them, and what
 // the Limiter knows of each bucket's queue from before the outage.
 type localLimiters struct {
-	// queues maps a bucket name to what this Limiter last saw of its queue
-	// (*queue). A take joins the end of the bucket's queue, so its wait is
-	// how far the fleet's grants then reached beyond now.
-	queues sync.Map
+	// queues maps a bucket's name to what this Limiter last saw of its
+	// queue (*queue). A take joins the end of the bucket's queue, so its
+	// wait is how far the fleet's grants then reached beyond now. Only
+	// buckets with a queue have an entry, and an entry goes once the queue
+	// it saw has drained.
+	queues     sync.Map
+	nQueues    atomic.Int64
+	queueSweep sync.Mutex
 
-	mu sync.Mutex
-	m  map[string]*localLimiter // by the layer's Redis key
+	mu    sync.Mutex
+	m     map[string]*localLimiter // by the layer's Redis key
+	sweep int                      // sweep m when it grows past this
 }
 
 // queue is the end of a bucket's queue as a Limiter last saw it.
@@ -28,7 +44,12 @@ type queue struct {
 	wait atomic.Int64 // the wait of its latest take, ns
 }
 
+// drained is when the queue as last seen has run out even if the fleet
+// kept it as long as it was: after that it says nothing.
+func (q *queue) drained() int64 { return q.due.Load() + q.wait.Load() }
+
 type localLimiter struct {
+	name    string // the bucket's
 	lim     Limit
 	workers int
 	*rate.Limiter
@@ -37,16 +58,27 @@ type localLimiter struct {
 // share is one layer's local limiter at the end of an outage: the tokens
 // it holds, below zero when it has promised more to callers still sleeping.
 type share struct {
-	rkey   string
+	name   string // the bucket's
+	key    string // the layer's Redis key
 	lim    Limit
 	tokens float64
 }
 
-// granted notes that the shared bucket granted key's tokens after wait.
-func (ls *localLimiters) granted(key string, wait time.Duration) {
-	v, ok := ls.queues.Load(key)
+// granted notes that the shared bucket granted tokens of the bucket named
+// name after wait.
+func (ls *localLimiters) granted(name string, wait time.Duration) {
+	v, ok := ls.queues.Load(name)
 	if !ok {
-		v, _ = ls.queues.LoadOrStore(key, new(queue))
+		if wait <= 0 {
+			return // no queue, nothing to remember
+		}
+		if ls.nQueues.Load() >= maxQueues && ls.sweepQueues() >= maxQueues {
+			return
+		}
+		var loaded bool
+		if v, loaded = ls.queues.LoadOrStore(name, new(queue)); !loaded {
+			ls.nQueues.Add(1)
+		}
 	}
 	q, due := v.(*queue), time.Now().Add(wait).UnixNano()
 	q.wait.Store(int64(wait))
@@ -58,43 +90,77 @@ func (ls *localLimiters) granted(key string, wait time.Duration) {
 	}
 }
 
-// ahead returns how far beyond now the fleet's shared grants of key may
-// still fall due: at least as far as this Limiter's own, and, as other
-// workers kept joining the queue after this one's last take, as far as the
-// queue then reached.
-func (ls *localLimiters) ahead(key string) time.Duration {
-	v, ok := ls.queues.Load(key)
+// sweepQueues drops the queues that have drained and returns how many are
+// left.
+func (ls *localLimiters) sweepQueues() int64 {
+	ls.queueSweep.Lock()
+	defer ls.queueSweep.Unlock()
+	now := time.Now().UnixNano()
+	ls.queues.Range(func(k, v any) bool {
+		if v.(*queue).drained() < now {
+			ls.queues.Delete(k)
+			ls.nQueues.Add(-1)
+		}
+		return true
+	})
+	return ls.nQueues.Load()
+}
+
+// ahead returns how far beyond now the fleet's shared grants of the bucket
+// named name may still fall due: at least as far as this Limiter's own,
+// and, as other workers kept joining the queue after this one's last take,
+// as far as the queue then reached.
+func (ls *localLimiters) ahead(name string) time.Duration {
+	v, ok := ls.queues.Load(name)
 	if !ok {
 		return 0
 	}
 	q := v.(*queue)
-	return max(time.Until(time.Unix(0, q.due.Load())), time.Duration(q.wait.Load()), 0)
+	now := time.Now()
+	if q.drained() < now.UnixNano() {
+		return 0
+	}
+	return max(time.Unix(0, q.due.Load()).Sub(now), time.Duration(q.wait.Load()), 0)
 }
 
-// get returns the local limiter for the layer rkey of the bucket named key
-// at lim divided by workers. A new one starts empty and owes the tokens that
-// accrue until the fleet's shared grants have fallen due.
-func (ls *localLimiters) get(key, rkey string, lim Limit, workers int) *rate.Limiter {
+// get returns the local limiter for the layer under key of the bucket
+// named name, at lim divided by workers. A new one starts empty and owes
+// the tokens that accrue until the fleet's shared grants have fallen due.
+// It fails when maxLocalBuckets limiters hold tokens.
+func (ls *localLimiters) get(name, key string, lim Limit, workers int) (*rate.Limiter, error) {
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
-	if l, ok := ls.m[rkey]; ok && l.lim == lim && l.workers == workers {
-		return l.Limiter
+	if l, ok := ls.m[key]; ok && l.lim == lim && l.workers == workers {
+		return l.Limiter, nil
 	}
 	if ls.m == nil {
 		ls.m = make(map[string]*localLimiter)
 	}
+	now := time.Now()
+	if len(ls.m) >= max(ls.sweep, 1024) {
+		// A full limiter is worth no more than a new one, which starts
+		// empty: drop them.
+		for k, l := range ls.m {
+			if l.TokensAt(now) >= float64(l.Burst()) {
+				delete(ls.m, k)
+			}
+		}
+		ls.sweep = 2 * len(ls.m)
+		if len(ls.m) >= maxLocalBuckets {
+			return nil, fmt.Errorf("%w: %d buckets already use their local share in this process", ErrUnavailable, len(ls.m))
+		}
+	}
 	w := float64(workers)
 	r, burst := lim.Rate/w, int(math.Max(1, math.Floor(lim.Burst/w)))
 	rl := rate.NewLimiter(rate.Limit(r), burst)
-	now := time.Now()
-	owed := burst + int(math.Ceil(ls.ahead(key).Seconds()*r))
+	owed := burst + int(math.Ceil(ls.ahead(name).Seconds()*r))
 	for owed > 0 { // a reservation may take at most the burst at a time
 		k := min(owed, burst)
 		rl.ReserveN(now, k)
 		owed -= k
 	}
-	ls.m[rkey] = &localLimiter{lim: lim, workers: workers, Limiter: rl}
-	return rl
+	ls.m[key] = &localLimiter{name: name, lim: lim, workers: workers, Limiter: rl}
+	return rl, nil
 }
 
 // shares returns every local limiter's tokens now.
@@ -103,8 +169,8 @@ func (ls *localLimiters) shares() []share {
 	defer ls.mu.Unlock()
 	var out []share
 	now := time.Now()
-	for rkey, l := range ls.m {
-		out = append(out, share{rkey: rkey, lim: l.lim, tokens: l.TokensAt(now)})
+	for key, l := range ls.m {
+		out = append(out, share{name: l.name, key: key, lim: l.lim, tokens: l.TokensAt(now)})
 	}
 	return out
 }
@@ -113,6 +179,78 @@ func (ls *localLimiters) shares() []share {
 // afresh with the divisor and the schedule of its time.
 func (ls *localLimiters) reset() {
 	ls.mu.Lock()
-	ls.m = nil
+	ls.m, ls.sweep = nil, 0
 	ls.mu.Unlock()
+}
+
+// localWait waits for n tokens from this process's share of every layer.
+func (l *Limiter) localWait(ctx context.Context, b bucket, n float64) error {
+	tokens := int(math.Ceil(n))
+	now := time.Now()
+	var delay time.Duration
+	var rs []*rate.Reservation
+	cancel := func() {
+		for _, r := range rs {
+			r.CancelAt(now)
+		}
+	}
+	for i, lim := range b.lims {
+		rl, err := l.locals.get(b.name, b.keys[i], lim, l.workers.divisor(l.cfg.policy))
+		if err != nil {
+			cancel()
+			l.breaker.refused.Add(1)
+			return err
+		}
+		if tokens > rl.Burst() {
+			cancel()
+			l.breaker.refused.Add(1)
+			return fmt.Errorf("%w: %v tokens exceed this worker's local share of the burst, %d", ErrUnavailable, n, rl.Burst())
+		}
+		r := rl.ReserveN(now, tokens)
+		rs = append(rs, r)
+		delay = max(delay, r.DelayFrom(now))
+	}
+	maxWait, deadline := l.maxWait(ctx)
+	if delay > maxWait {
+		cancel()
+		if deadline {
+			return fmt.Errorf("%w: %q needs %v", ErrWouldExceedDeadline, b.name, delay)
+		}
+		if err := sleep(ctx, maxWait); err != nil {
+			return err
+		}
+		return errAskAgain
+	}
+	if err := sleep(ctx, delay); err != nil {
+		for _, r := range rs {
+			r.Cancel()
+		}
+		return err
+	}
+	l.breaker.served.Add(1)
+	return nil
+}
+
+// settleLocal hands the shared bucket, when it resumes, the state of the
+// local shares: it holds at most what this worker's share holds, times the
+// workers, so that a bucket Redis forgot (or kept from before the outage,
+// full by now) does not release a burst on top of what the local shares
+// just sent; and it is charged the tokens this worker's share promised to
+// callers still sleeping, so that their grants and the shared bucket's do
+// not overlap. A failure is counted and logged, and leaves the shared
+// bucket as Redis has it.
+func (l *Limiter) settleLocal() {
+	workers := float64(l.workers.divisor(l.cfg.policy))
+	for _, s := range l.locals.shares() {
+		b := bucket{name: s.name, keys: []string{s.key}, lims: []Limit{s.lim}}
+		ctx, cancel := context.WithTimeout(context.Background(), probeTimeout)
+		err := l.store.lower(ctx, b, max(s.tokens, 0)*workers)
+		if err == nil && s.tokens < 0 {
+			err = l.store.adjust(ctx, b, -s.tokens)
+		}
+		cancel()
+		if err != nil {
+			l.updates.failed(updateSettleLocal, err)
+		}
+	}
 }

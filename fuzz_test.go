@@ -40,7 +40,7 @@ func FuzzKeys(f *testing.F) {
 			if name == "" {
 				t.Fatalf("empty name without an error for %q %q %q", rawURL, host, region)
 			}
-			key, err := l.redisKey(name)
+			key, err := bucketKey(l.cfg.prefix, name)
 			if err != nil {
 				t.Fatalf("redisKey(%q): %v", name, err)
 			}
@@ -72,14 +72,14 @@ func FuzzScript(f *testing.F) {
 		}
 		maxWait = min(max(maxWait, 0), int64(time.Hour)) / 1000
 		for _, key := range []string{"quota:{fuzz}", "quota:{fuzz-" + lim.String() + "}"} {
-			r, _, err := l.call(ctx, oneLayer(key, lim), opTake, n, maxWait, nil)
+			r, _, err := l.store.take(ctx, oneLayer(key, lim), n, time.Duration(maxWait)*time.Microsecond)
 			if err != nil {
 				t.Fatalf("take %v of %v, max wait %dus: %v", n, lim, maxWait, err)
 			}
 			if r.wait < 0 || (r.granted && r.wait.Microseconds() > maxWait) {
 				t.Fatalf("take %v of %v, max wait %dus: reply %+v", n, lim, maxWait, r)
 			}
-			if _, _, err := l.call(ctx, oneLayer(key, lim), opRefund, n, 0, r.tats); err != nil {
+			if err := l.store.refund(ctx, oneLayer(key, lim), n, r.tats); err != nil {
 				t.Fatalf("refund %v of %v: %v", n, lim, err)
 			}
 		}

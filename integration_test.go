@@ -214,13 +214,13 @@ func TestReportedWaitIsExact(t *testing.T) {
 	l := NewLimiter(rdb)
 	ctx := context.Background()
 	for _, lim := range []Limit{{Rate: 10, Burst: 5}, {Rate: 3, Burst: 2}, {Rate: 250, Burst: 20}} {
-		key, _ := l.redisKey(fmt.Sprintf("exact-%v", lim.Rate))
+		key, _ := bucketKey(l.cfg.prefix, fmt.Sprintf("exact-%v", lim.Rate))
 		interval := time.Duration(float64(time.Second) / lim.Rate)
 		start := time.Now()
-		if _, _, err := l.call(ctx, oneLayer(key, lim), opTake, lim.Burst, 0, nil); err != nil {
+		if _, _, err := l.store.take(ctx, oneLayer(key, lim), lim.Burst, 0); err != nil {
 			t.Fatal(err)
 		}
-		r, _, err := l.call(ctx, oneLayer(key, lim), opTake, 1, time.Minute.Microseconds(), nil)
+		r, _, err := l.store.take(ctx, oneLayer(key, lim), 1, time.Minute)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -293,7 +293,7 @@ func runWorker() int {
 		fmt.Fprintln(os.Stderr, err)
 		return 2
 	}
-	var cmds atomic.Int64
+	cmds := newCmdCounter()
 	var rdb redis.UniversalClient
 	if spec.Cluster != nil {
 		rdb = redis.NewClusterClient(&redis.ClusterOptions{Addrs: spec.Cluster, PoolSize: spec.Goroutines})
@@ -301,7 +301,7 @@ func runWorker() int {
 		rdb = redis.NewClient(&redis.Options{Addr: spec.Addr, PoolSize: spec.Goroutines})
 	}
 	defer rdb.Close()
-	rdb.AddHook(countHook{&cmds})
+	rdb.AddHook(cmds)
 	l := NewLimiter(rdb)
 	cost := spec.Cost
 	if cost == 0 {
@@ -325,11 +325,11 @@ func runWorker() int {
 		}
 	}
 	if spec.Naive {
-		key, _ := l.redisKey(spec.Key)
+		key, _ := bucketKey(l.cfg.prefix, spec.Key)
 		acquire = func(ctx context.Context) error { return naiveWait(ctx, rdb.(*redis.Client), key, spec.Limit) }
 	}
 	grants, err := swarm(context.Background(), spec.Goroutines, spec.Start, spec.Duration, acquire)
-	rep := workerReport{Grants: grants, Commands: cmds.Load()}
+	rep := workerReport{Grants: grants, Commands: int64(cmds.total())}
 	if err != nil {
 		rep.Err = err.Error()
 	}

@@ -2,7 +2,6 @@ package quota
 
 import (
 	"context"
-	"errors"
 	"runtime"
 	"time"
 	"weak"
@@ -29,6 +28,7 @@ const (
 	attrOutcome    = attribute.Key("quota.outcome")
 	attrRoundTrips = attribute.Key("quota.redis.round_trips")
 	attrLimiter    = attribute.Key("quota.limiter")
+	attrUpdate     = attribute.Key("quota.update")
 	attrErrorType  = attribute.Key("error.type")
 )
 
@@ -75,9 +75,6 @@ func newObserver(cfg config) observer {
 // current mode, 0 for the others. The callback holds l weakly and is
 // unregistered when l is collected.
 func observeMode(l *Limiter, mp metric.MeterProvider, name string) {
-	if mp == nil {
-		mp = otel.GetMeterProvider()
-	}
 	meter := mp.Meter(ScopeName)
 	gauge, err := meter.Int64ObservableGauge("quota.limiter.mode",
 		metric.WithDescription("The mode a Limiter grants tokens in: 1 for the current mode, 0 for the others."),
@@ -111,18 +108,18 @@ func observeMode(l *Limiter, mp metric.MeterProvider, name string) {
 type waitSpan struct {
 	o     *observer
 	span  trace.Span
-	key   string
+	name  string // the bucket's
 	start time.Time
 	mode  Mode // how the tokens were granted or refused
 	trips int  // Redis round trips
 }
 
-func (o *observer) start(ctx context.Context, key string, n float64) (context.Context, waitSpan) {
+func (o *observer) start(ctx context.Context, name string, n float64) (context.Context, waitSpan) {
 	ctx, span := o.tracer.Start(ctx, "quota.wait") // kind internal, the default
 	if span.IsRecording() {
-		span.SetAttributes(attrKey.String(key), attrTokens.Float64(n))
+		span.SetAttributes(attrKey.String(name), attrTokens.Float64(n))
 	}
-	return ctx, waitSpan{o: o, span: span, key: key, start: time.Now()}
+	return ctx, waitSpan{o: o, span: span, name: name, start: time.Now()}
 }
 
 // limit records the Limit, its burst resolved.
@@ -144,7 +141,7 @@ func (s *waitSpan) end(err error) {
 		attrs = append(attrs, attrErrorType.String(errorType(err)))
 	}
 	if s.o.keys {
-		attrs = append(attrs, attrKey.String(s.key))
+		attrs = append(attrs, attrKey.String(s.name))
 	}
 	if metrics {
 		set := metric.WithAttributes(attrs...)
@@ -164,56 +161,19 @@ func (s *waitSpan) end(err error) {
 }
 
 // update starts the span of a change the provider's answer makes to the
-// bucket (quota.pause, quota.lower, quota.settle) and returns the function
-// that ends it.
-func (o *observer) update(ctx context.Context, name, key string) (context.Context, func(error)) {
-	ctx, span := o.tracer.Start(ctx, name) // kind internal, the default
-	if !span.IsRecording() {
+// bucket called bucket (quota.pause, quota.lower, quota.settle) and returns
+// the function that ends it.
+func (o *observer) update(ctx context.Context, span, bucket string) (context.Context, func(error)) {
+	ctx, s := o.tracer.Start(ctx, span) // kind internal, the default
+	if !s.IsRecording() {
 		return ctx, func(error) {}
 	}
-	span.SetAttributes(attrKey.String(key))
+	s.SetAttributes(attrKey.String(bucket))
 	return ctx, func(err error) {
 		if err != nil {
-			span.SetStatus(codes.Error, "")
-			span.SetAttributes(attrErrorType.String(errorType(err)))
+			s.SetStatus(codes.Error, "")
+			s.SetAttributes(attrErrorType.String(errorType(err)))
 		}
-		span.End()
+		s.End()
 	}
-}
-
-// outcome names how an acquisition ended.
-func outcome(err error) string {
-	switch {
-	case err == nil:
-		return "granted"
-	case errors.Is(err, ErrUnavailable), errors.Is(err, ErrWouldExceedDeadline):
-		return "refused"
-	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
-		return "cancelled"
-	}
-	return "error"
-}
-
-// errorType is the low-cardinality error.type of err.
-func errorType(err error) string {
-	for _, s := range []struct {
-		err  error
-		name string
-	}{
-		{ErrWouldExceedDeadline, "would_exceed_deadline"},
-		{ErrUnavailable, "unavailable"},
-		{ErrScript, "script"},
-		{ErrNoPermission, "no_permission"},
-		{ErrInvalidLimit, "invalid_limit"},
-		{ErrInvalidTokens, "invalid_tokens"},
-		{ErrExceedsBurst, "exceeds_burst"},
-		{ErrInvalidKey, "invalid_key"},
-		{context.Canceled, "canceled"},
-		{context.DeadlineExceeded, "deadline_exceeded"},
-	} {
-		if errors.Is(err, s.err) {
-			return s.name
-		}
-	}
-	return "_OTHER"
 }

@@ -78,6 +78,8 @@ func answering(t *testing.T, h http.HandlerFunc) *httptest.Server {
 	return srv
 }
 
+// getVia sends a GET through tr and, when tr is a Transport, waits for the
+// updates its response made to the bucket.
 func getVia(t *testing.T, tr http.RoundTripper, ctx context.Context, url string, header http.Header) error {
 	t.Helper()
 	req, _ := http.NewRequestWithContext(ctx, "GET", url, nil)
@@ -87,6 +89,9 @@ func getVia(t *testing.T, tr http.RoundTripper, ctx context.Context, url string,
 	resp, err := tr.RoundTrip(req)
 	if err == nil {
 		resp.Body.Close()
+	}
+	if qt, ok := tr.(*Transport); ok {
+		qt.limiter.updates.wg.Wait()
 	}
 	return err
 }
@@ -248,7 +253,7 @@ func TestCostAndSettle(t *testing.T) {
 		t.Error("after an estimate of 2 settled at 6, want no token left")
 	}
 
-	cmds.Store(0)
+	cmds.reset()
 	for _, c := range []struct {
 		estimate string
 		want     error
@@ -257,8 +262,8 @@ func TestCostAndSettle(t *testing.T) {
 			t.Errorf("cost %s: err = %v, want %v", c.estimate, err, c.want)
 		}
 	}
-	if cmds.Load() != 0 {
-		t.Errorf("invalid costs sent %d Redis commands", cmds.Load())
+	if cmds.total() != 0 {
+		t.Errorf("invalid costs sent %d Redis commands", cmds.total())
 	}
 	mustPanic(t, "WithCost(nil)", func() { WithCost(nil) })
 	mustPanic(t, "WithSettle(nil)", func() { WithSettle(nil) })

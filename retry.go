@@ -2,7 +2,6 @@ package quota
 
 import (
 	"context"
-	"errors"
 	"net/http"
 )
 
@@ -13,15 +12,8 @@ import (
 // deadline. Waiting for a token is already the Transport's job, so a retry
 // loop should stop on these.
 func Permanent(err error) bool {
-	for _, target := range []error{
-		ErrInvalidLimit, ErrInvalidTokens, ErrExceedsBurst, ErrInvalidKey,
-		ErrScript, ErrNoPermission, ErrUnavailable, ErrWouldExceedDeadline,
-	} {
-		if errors.Is(err, target) {
-			return true
-		}
-	}
-	return false
+	i, ok := sentinelOf(err)
+	return ok && sentinels[i].permanent
 }
 
 // CheckRetry wraps a retry policy of github.com/hashicorp/go-retryablehttp

@@ -67,8 +67,8 @@ func TestRetryEveryAttemptTakesAToken(t *testing.T) {
 	mr := miniredis.RunT(t)
 	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
 	defer rdb.Close()
-	var takes atomic.Int64
-	rdb.AddHook(countHook{&takes})
+	takes := newCmdCounter()
+	rdb.AddHook(takes)
 	prov := statusSequence(t, 500, 502)
 	sent := &attemptCounter{next: http.DefaultTransport}
 	client := retryingClient(NewTransport(rdb, PerSecond(100), WithBase(sent)))
@@ -78,8 +78,8 @@ func TestRetryEveryAttemptTakesAToken(t *testing.T) {
 		t.Fatal(err)
 	}
 	resp.Body.Close()
-	if sent.count() != 3 || takes.Load() != 3 {
-		t.Errorf("%d attempts sent, %d tokens taken; want 3 and 3", sent.count(), takes.Load())
+	if sent.count() != 3 || takes.total() != 3 {
+		t.Errorf("%d attempts sent, %d tokens taken; want 3 and 3", sent.count(), takes.total())
 	}
 }
 

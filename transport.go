@@ -10,10 +10,6 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// afterTimeout bounds the Redis call a Transport makes after a response:
-// a pause, a lowering or a settlement.
-const afterTimeout = time.Second
-
 // Transport is an http.RoundTripper that waits for a token from the
 // request's bucket before handing the request to its base RoundTripper. Set
 // it as an http.Client's Transport; under a retrying client every attempt
@@ -69,52 +65,46 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 }
 
 // learn passes on to the bucket what the response says of the provider's
-// limit. It does nothing while Redis is unavailable.
+// limit. The updates run in the background, so the response goes back to
+// the caller at once. It does nothing while Redis is unavailable.
 func (t *Transport) learn(ctx context.Context, name string, lims []Limit, cost float64, resp *http.Response) {
-	type update struct {
-		span string // quota.pause, quota.lower or quota.settle
-		run  func(context.Context, bucket) error
-	}
-	var updates []update
+	var us []update
+	var b bucket // set below, before any update runs
+	st := t.limiter.store
 	now := time.Now()
 	if d, ok := retryAfter(resp, now); ok && t.cfg.maxPause > 0 {
-		updates = append(updates, update{"quota.pause", func(ctx context.Context, b bucket) error {
-			return t.limiter.pause(ctx, b, min(d, t.cfg.maxPause))
+		us = append(us, update{updatePause, func(ctx context.Context) error {
+			return st.pause(ctx, b, min(d, t.cfg.maxPause))
 		}})
 	}
 	if t.cfg.providerHeaders {
 		if remaining, reset, ok := rateLimitHeaders(resp.Header, now); ok {
 			if remaining < 1 && reset > 0 && t.cfg.maxPause > 0 {
-				updates = append(updates, update{"quota.pause", func(ctx context.Context, b bucket) error {
-					return t.limiter.pause(ctx, b, min(reset, t.cfg.maxPause))
+				us = append(us, update{updatePause, func(ctx context.Context) error {
+					return st.pause(ctx, b, min(reset, t.cfg.maxPause))
 				}})
 			} else {
-				updates = append(updates, update{"quota.lower", func(ctx context.Context, b bucket) error {
-					return t.limiter.lower(ctx, b, remaining)
+				us = append(us, update{updateLower, func(ctx context.Context) error {
+					return st.lower(ctx, b, remaining)
 				}})
 			}
 		}
 	}
 	if t.cfg.settle != nil {
 		if real, ok := t.cfg.settle(resp); ok && real >= 0 && !math.IsInf(real, 0) && real != cost {
-			updates = append(updates, update{"quota.settle", func(ctx context.Context, b bucket) error {
-				return t.limiter.adjust(ctx, b, real-cost)
+			us = append(us, update{updateSettle, func(ctx context.Context) error {
+				return st.adjust(ctx, b, real-cost)
 			}})
 		}
 	}
-	if len(updates) == 0 || t.limiter.Mode() != ModeShared {
+	if len(us) == 0 || t.limiter.Mode() != ModeShared {
 		return
 	}
-	b, err := t.limiter.bucket(name, lims)
-	if err != nil {
-		return
+	var err error
+	if b, err = t.limiter.bucket(name, lims); err != nil {
+		return // cannot be: the take resolved the same bucket
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), afterTimeout)
-	defer cancel()
-	for _, u := range updates {
-		ctx, end := t.limiter.obs.update(ctx, u.span, name)
-		end(u.run(ctx, b))
-	}
+	t.limiter.startUpdates(ctx, b, us)
 }
 
 // Limiter returns the Limiter the Transport takes its tokens from.

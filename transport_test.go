@@ -12,52 +12,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 )
 
 // newMini returns a client of a fresh miniredis and a counter of the
 // commands sent through it.
-func newMini(t *testing.T) (*miniredis.Miniredis, *redis.Client, *atomic.Int64) {
-	t.Helper()
-	mr := miniredis.RunT(t)
-	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
-	t.Cleanup(func() { rdb.Close() })
-	var n atomic.Int64
-	rdb.AddHook(countHook{&n})
-	return mr, rdb, &n
-}
-
-// countHook counts the commands a client sends, pipelined or not, except
-// those that set up a connection.
-type countHook struct{ n *atomic.Int64 }
-
-func (countHook) DialHook(next redis.DialHook) redis.DialHook { return next }
-
-func (h countHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		h.count(cmd)
-		return next(ctx, cmd)
-	}
-}
-
-func (h countHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		for _, cmd := range cmds {
-			h.count(cmd)
-		}
-		return next(ctx, cmds)
-	}
-}
-
-func (h countHook) count(cmd redis.Cmder) {
-	switch cmd.Name() {
-	case "hello", "client", "auth", "select", "readonly":
-	default:
-		h.n.Add(1)
-	}
-}
-
 // bodyRecorder is a request body that records whether it was closed.
 type bodyRecorder struct {
 	io.Reader
@@ -136,25 +95,25 @@ func TestKeyFuncs(t *testing.T) {
 func TestRedisKey(t *testing.T) {
 	_, rdb, _ := newMini(t)
 	l := NewLimiter(rdb)
-	if k, _ := l.redisKey("api.example.com"); k != "quota:{api.example.com}" {
+	if k, _ := bucketKey(l.cfg.prefix, "api.example.com"); k != "quota:{api.example.com}" {
 		t.Errorf("redisKey = %q", k)
 	}
-	if k, _ := NewLimiter(rdb, WithPrefix("acme:rl:")).redisKey("a"); k != "acme:rl:{a}" {
+	if k, _ := bucketKey(NewLimiter(rdb, WithPrefix("acme:rl:")).cfg.prefix, "a"); k != "acme:rl:{a}" {
 		t.Errorf("redisKey with prefix = %q", k)
 	}
-	if _, err := l.redisKey(""); !errors.Is(err, ErrInvalidKey) {
+	if _, err := bucketKey(l.cfg.prefix, ""); !errors.Is(err, ErrInvalidKey) {
 		t.Errorf("empty name: err = %v, want ErrInvalidKey", err)
 	}
 	long1, long2 := strings.Repeat("a", 10_000)+"1", strings.Repeat("a", 10_000)+"2"
-	k1, _ := l.redisKey(long1)
-	k2, _ := l.redisKey(long2)
+	k1, _ := bucketKey(l.cfg.prefix, long1)
+	k2, _ := bucketKey(l.cfg.prefix, long2)
 	if k1 == k2 {
 		t.Error("two long names share a key")
 	}
 	if want := len("quota:{}") + maxNameLen; len(k1) != want {
 		t.Errorf("long name: key of %d bytes, want %d", len(k1), want)
 	}
-	if k, _ := l.redisKey(long1); k != k1 {
+	if k, _ := bucketKey(l.cfg.prefix, long1); k != k1 {
 		t.Error("a long name's key is not stable")
 	}
 }
@@ -216,7 +175,7 @@ func TestInvalidInputMakesNoRedisCall(t *testing.T) {
 			t.Fatalf("%s: WaitN did not return", tc.name)
 		}
 	}
-	if n := cmds.Load(); n != 0 {
+	if n := cmds.total(); n != 0 {
 		t.Errorf("invalid input sent %d Redis commands, want 0", n)
 	}
 }
@@ -243,7 +202,7 @@ func TestTransportTakesOneTokenPerRequest(t *testing.T) {
 	if err := tr.Limiter().Wait(ctx, "api.example.com", Limit{Rate: 1, Burst: 5}); !errors.Is(err, ErrWouldExceedDeadline) {
 		t.Errorf("sixth token: err = %v, want ErrWouldExceedDeadline", err)
 	}
-	if got := cmds.Load(); got != 6 { // one EVAL that sends the script, then EVALSHA
+	if got := cmds.total(); got != 6 { // one EVAL that sends the script, then EVALSHA
 		t.Errorf("%d Redis commands for 6 acquisitions, want 6", got)
 	}
 }
@@ -398,22 +357,27 @@ func TestRefundKeepsLaterCallersPlaces(t *testing.T) {
 	lim := Limit{Rate: 10, Burst: 1}
 	ctx := context.Background()
 	b := oneLayer("quota:{k}", lim)
-	call := func(op string, arg int64, mine []int64) reply {
-		r, _, err := l.call(ctx, b, op, 1, arg, mine)
+	take := func(maxWait time.Duration) grant {
+		g, _, err := l.store.take(ctx, b, 1, maxWait)
 		if err != nil {
 			t.Fatal(err)
 		}
-		return r
+		return g
 	}
-	call(opTake, 0, nil)             // the one token
-	first := call(opTake, 1e6, nil)  // queued 100ms out
-	second := call(opTake, 1e6, nil) // queued 200ms out, behind the first
+	refund := func(g grant) {
+		if err := l.store.refund(ctx, b, 1, g.tats); err != nil {
+			t.Fatal(err)
+		}
+	}
+	take(0)                     // the one token
+	first := take(time.Second)  // queued 100ms out
+	second := take(time.Second) // queued 200ms out, behind the first
 	before, _ := mr.Get("quota:{k}")
-	call(opRefund, 0, first.tats) // the first gives up: the second's place stays promised
+	refund(first) // the first gives up: the second's place stays promised
 	if after, _ := mr.Get("quota:{k}"); after != before {
 		t.Errorf("refund of a take with a later one queued behind it changed the bucket from %s to %s", before, after)
 	}
-	call(opRefund, 0, second.tats) // the second gives up: the tail is handed back
+	refund(second) // the second gives up: the tail is handed back
 	if after, _ := mr.Get("quota:{k}"); after == before {
 		t.Error("refund of the last take changed nothing")
 	}
@@ -427,7 +391,7 @@ func TestMaxWaitAsksAgain(t *testing.T) {
 	if err := l.WaitN(ctx, "k", lim, 1); err != nil {
 		t.Fatal(err)
 	}
-	cmds.Store(0)
+	cmds.reset()
 	start := time.Now()
 	// The next token accrues in 250ms, past MaxWait: the limiter sleeps
 	// 100ms twice and is granted on its third call.
@@ -437,7 +401,7 @@ func TestMaxWaitAsksAgain(t *testing.T) {
 	if d := time.Since(start); d < 200*time.Millisecond || d > 600*time.Millisecond {
 		t.Errorf("waited %v, want about 250ms", d)
 	}
-	if n := cmds.Load(); n < 2 || n > 4 {
+	if n := cmds.total(); n < 2 || n > 4 {
 		t.Errorf("%d Redis calls, want about 3", n)
 	}
 }
@@ -461,13 +425,13 @@ func TestNoScriptFallsBackToEval(t *testing.T) {
 	if err := rdb.ScriptFlush(ctx).Err(); err != nil {
 		t.Fatal(err)
 	}
-	cmds.Store(0)
+	cmds.reset()
 	for i := 0; i < 3; i++ {
 		if err := l.Wait(ctx, "k", PerSecond(100)); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if n := cmds.Load(); n != 4 { // EVALSHA, EVAL, then EVALSHA twice
+	if n := cmds.total(); n != 4 { // EVALSHA, EVAL, then EVALSHA twice
 		t.Errorf("%d commands for 3 waits after the script was lost, want 4", n)
 	}
 }
@@ -512,8 +476,8 @@ func TestAllow(t *testing.T) {
 			t.Errorf("%s: err = %v", tc.url, err)
 		}
 	}
-	if sent.Load() != 2 || cmds.Load() != 2 {
-		t.Errorf("%d requests sent with %d Redis commands, want 2 and 2", sent.Load(), cmds.Load())
+	if sent.Load() != 2 || cmds.total() != 2 {
+		t.Errorf("%d requests sent with %d Redis commands, want 2 and 2", sent.Load(), cmds.total())
 	}
 }
 

@@ -26,8 +26,8 @@ const (
 	peakHold  = 10 * time.Minute
 )
 
-// fleet counts the Limiters that share the Redis and the prefix.
-type fleet struct {
+// workers counts the Limiters that share the Redis and the prefix.
+type workers struct {
 	script *script // nil unless the policy counts workers
 	key    string
 	id     string
@@ -40,7 +40,7 @@ type fleet struct {
 	peakAt time.Time
 }
 
-func (f *fleet) init(rdb redis.Scripter, cfg config) {
+func (f *workers) init(rdb redis.Scripter, cfg config) {
 	if !cfg.policy.countWorkers {
 		return
 	}
@@ -55,7 +55,7 @@ func (f *fleet) init(rdb redis.Scripter, cfg config) {
 
 // heartbeat announces the Limiter when an announcement is due, in the
 // background; the caller that finds it due does not wait for it.
-func (f *fleet) heartbeat() {
+func (f *workers) heartbeat() {
 	if f.script == nil || time.Now().UnixNano() < f.next.Load() || !f.beating.CompareAndSwap(false, true) {
 		return
 	}
@@ -72,7 +72,7 @@ func (f *fleet) heartbeat() {
 }
 
 // saw records a count of live workers.
-func (f *fleet) saw(n int) {
+func (f *workers) saw(n int) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if n >= f.peak || time.Since(f.peakAt) > peakHold {
@@ -81,7 +81,7 @@ func (f *fleet) saw(n int) {
 }
 
 // divisor is the number of workers the local fallback divides by.
-func (f *fleet) divisor(p Policy) int {
+func (f *workers) divisor(p Policy) int {
 	if f.script == nil {
 		return p.workers
 	}
