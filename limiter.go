@@ -88,12 +88,16 @@ func (l *Limiter) Wait(ctx context.Context, name string, lim Limit) error {
 // sleeps that long and returns. Callers of one bucket are served in the
 // order their calls reached Redis, across the whole fleet.
 //
-// When the wait would end after ctx's deadline, WaitN takes nothing and
-// returns at once an error matching ErrWouldExceedDeadline and
-// context.DeadlineExceeded. When it would be longer than the MaxWait option
-// (5s by default), WaitN takes nothing, sleeps MaxWait and asks again. When
-// ctx ends during the sleep, the tokens are handed back to the bucket and
-// WaitN returns ctx's error.
+// A caller whose ctx has a deadline gets its place in the queue however
+// long the wait, as long as it ends before the deadline; when it would end
+// after, WaitN takes nothing and returns at once an error matching
+// ErrWouldExceedDeadline and context.DeadlineExceeded. A caller without a
+// deadline is bounded by the MaxWait option (5s by default) instead: when
+// its wait would be longer, WaitN takes nothing, sleeps MaxWait and asks
+// again, so callers that came later may be served first. Give ctx a
+// deadline to keep a place in a long queue. When ctx ends during the
+// sleep, the tokens are handed back to the bucket and WaitN returns ctx's
+// error.
 //
 // An invalid lim, n or name fails at once, without a Redis call, with an
 // error matching ErrInvalidLimit, ErrInvalidTokens, ErrExceedsBurst or
@@ -216,13 +220,12 @@ func (l *Limiter) refund(ctx context.Context, b bucket, n float64, tats []int64)
 	}
 }
 
-// maxWait returns how long the caller accepts to wait, and whether that is
-// set by ctx's deadline rather than by the MaxWait option.
-func (l *Limiter) maxWait(ctx context.Context) (time.Duration, bool) {
+// maxWait returns how long the caller accepts to wait: until ctx's
+// deadline when it has one, however far, so that the caller keeps its
+// place in the queue; MaxWait otherwise. deadline tells which.
+func (l *Limiter) maxWait(ctx context.Context) (wait time.Duration, deadline bool) {
 	if d, ok := ctx.Deadline(); ok {
-		if left := time.Until(d); left < l.cfg.maxWait {
-			return max(left, 0), true
-		}
+		return max(time.Until(d), 0), true
 	}
 	return l.cfg.maxWait, false
 }

@@ -14,8 +14,8 @@ import (
 // WithPrefix says otherwise.
 const DefaultPrefix = "quota:"
 
-// DefaultMaxWait is the longest single sleep of a Wait unless WithMaxWait
-// says otherwise.
+// DefaultMaxWait is the longest single sleep of a Wait whose context has no
+// deadline, unless WithMaxWait says otherwise.
 const DefaultMaxWait = 5 * time.Second
 
 // An Option configures a Limiter or a Transport. Options that only a
@@ -75,9 +75,12 @@ func WithPrefix(prefix string) Option {
 	return optionFunc(func(c *config) { c.prefix = prefix })
 }
 
-// WithMaxWait bounds a single sleep of Wait, DefaultMaxWait (5s) by default.
-// When a wait would be longer and the context has no earlier deadline, Wait
-// takes nothing, sleeps d and asks again. It panics if d is not positive.
+// WithMaxWait bounds a single sleep of Wait for callers whose context has
+// no deadline, DefaultMaxWait (5s) by default. When their wait would be
+// longer, Wait takes nothing, sleeps d and asks again; they keep no place in
+// the queue meanwhile. A context with a deadline replaces the bound: its
+// caller waits as long as the deadline allows, in its place. It panics if d
+// is not positive.
 func WithMaxWait(d time.Duration) Option {
 	if d <= 0 {
 		panic(fmt.Sprintf("quota: WithMaxWait(%v): the wait must be positive", d))
