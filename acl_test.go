@@ -14,8 +14,9 @@ import (
 
 // aclLimiter is the ACL rule of a Redis user that may run the package's
 // scripts on its keys and nothing else. The README shows it.
-const aclLimiter = "on >limiter-secret resetkeys ~quota:* resetchannels -@all " +
-	"+evalsha +eval +get +set +del +time +zadd +zremrangebyscore +pexpire +zcard +hello"
+const aclLimiter = "on >limiter-secret resetkeys ~quota:* resetchannels &quota:* -@all " +
+	"+evalsha +eval +get +set +del +time +zadd +zremrangebyscore +pexpire +zcard +hello " +
+	"+publish +subscribe +spublish +ssubscribe +ping"
 
 func TestLeastPrivilegeUser(t *testing.T) {
 	srv := redistest.Start(t)
@@ -48,6 +49,27 @@ func TestLeastPrivilegeUser(t *testing.T) {
 		}
 	}
 	eventually(t, 2*time.Second, "the worker count", func() bool { return l.workers.divisor(FallbackLocal(1).CountingWorkers()) == 1 })
+	// A pause, announced to the callers already sleeping.
+	lim := Limit{Rate: 5, Burst: 1}
+	if err := l.Wait(ctx, "paused", lim); err != nil {
+		t.Fatal(err)
+	}
+	woke := make(chan time.Time)
+	go func() {
+		if err := l.Wait(ctx, "paused", lim); err != nil {
+			t.Error(err)
+		}
+		woke <- time.Now()
+	}()
+	time.Sleep(50 * time.Millisecond) // the second caller sleeps until 200ms
+	b, _ := l.bucket("paused", []Limit{lim})
+	paused := time.Now()
+	if err := l.store.pause(ctx, b, 500*time.Millisecond); err != nil {
+		t.Fatalf("a pause as the limiter's user: %v", err)
+	}
+	if at := <-woke; at.Sub(paused) < 500*time.Millisecond {
+		t.Errorf("the sleeping caller woke %v after a pause of 500ms: the announcement did not reach it", at.Sub(paused))
+	}
 	if err := lrdb.Set(ctx, "other:key", "x", 0).Err(); !redis.HasErrorPrefix(err, "NOPERM") {
 		t.Errorf("SET other:key as the limiter's user: %v, want NOPERM", err)
 	}
@@ -80,5 +102,3 @@ func splitRule(rule string) []any {
 }
 
 func slogOf(h slog.Handler) *slog.Logger { return slog.New(h) }
-
-// waitFor polls cond for up to two seconds.

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"maps"
 	"math"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -99,11 +100,14 @@ type store struct {
 	argv    argvCache
 	clock   func() time.Time // nil: the server's clock
 	cluster bool             // the client follows Cluster redirections
+	publish string           // the command that announces a pause
 }
 
 func newStore(rdb redis.Scripter, cfg config) *store {
-	s := &store{script: newScript(rdb, bucketSource), clock: cfg.clock}
-	_, s.cluster = rdb.(*redis.ClusterClient)
+	s := &store{script: newScript(rdb, bucketSource), clock: cfg.clock, publish: "PUBLISH"}
+	if _, s.cluster = rdb.(*redis.ClusterClient); s.cluster {
+		s.publish = "SPUBLISH" // stays in the bucket's slot
+	}
 	s.argv.init(cfg.maxWait)
 	return s
 }
@@ -113,6 +117,17 @@ type grant struct {
 	granted bool          // false: the wait exceeds the caller's, nothing was taken
 	wait    time.Duration // until the tokens have accrued, or would have
 	tats    []int64       // µs, a layer each; identify the take for its refund (nil without a wait)
+}
+
+// takenAt returns when, on the server's clock in microseconds, the take
+// that granted g after a wait ran: its grant falls due when the slowest
+// layer, whose tat moved by n tokens, has n tokens again.
+func (g grant) takenAt(b bucket) int64 {
+	due := int64(math.MinInt64)
+	for i, lim := range b.lims {
+		due = max(due, g.tats[i]-int64(lim.Burst/lim.Rate*1e6))
+	}
+	return due - g.wait.Microseconds()
 }
 
 // take takes n tokens from every layer of b when the wait for them is at
@@ -142,10 +157,25 @@ func (s *store) probe(ctx context.Context, b bucket) error {
 	return s.do(ctx, b, "probe", 0, nil)
 }
 
-// pause grants nothing from b for d, as a provider's Retry-After asks.
+// pause grants nothing from b for d, as a provider's Retry-After asks, and
+// announces how far it moved the queue on b's pause channel.
 func (s *store) pause(ctx context.Context, b bucket, d time.Duration) error {
-	return s.do(ctx, b, "pause", d.Microseconds(), nil)
+	withRecord := b
+	withRecord.keys = append(slices.Clip(b.keys), b.keys[0]+pausedSuffix)
+	cmd, _ := s.run(ctx, withRecord, "pause", d.Microseconds(), s.publish, nil)
+	if err := cmd.Err(); err != nil {
+		return err
+	}
+	_, err := s.decode(cmd, b)
+	return err
 }
+
+// The suffixes, after a bucket's key, of the key that records when its
+// pause ends and of the channel that announces a pause.
+const (
+	pausedSuffix  = ":paused"
+	channelSuffix = ":pause"
+)
 
 // lower leaves every layer of b at most remaining tokens, never raising it.
 func (s *store) lower(ctx context.Context, b bucket, remaining float64) error {

@@ -2,7 +2,6 @@ package quota
 
 import (
 	"context"
-	"math"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -71,68 +70,6 @@ func TestLayersOnCluster(t *testing.T) {
 	}
 	reports := runWorkers(t, 3, workerSpec{Cluster: cluster.Addrs(), Key: "layers-cluster", Limit: threeLayers[0], Layers: threeLayers[1:], Goroutines: 10, Duration: 3 * time.Second})
 	checkLayers(t, reports, threeLayers)
-}
-
-// A provider's 429 pauses every worker process, not only the one that got
-// it. Requests granted before the 429 and still sleeping go out; every take
-// after it waits out the pause.
-func TestRetryAfterPausesProcesses(t *testing.T) {
-	srv := redistest.Start(t)
-	var (
-		mu       sync.Mutex
-		arrivals []time.Time
-		first429 time.Time
-	)
-	const pause = 2 * time.Second
-	prov := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		now := time.Now()
-		mu.Lock()
-		defer mu.Unlock()
-		arrivals = append(arrivals, now)
-		if len(arrivals) == 30 { // one 429, a while into the run
-			first429 = now
-			w.Header().Set("Retry-After", "2")
-			w.WriteHeader(http.StatusTooManyRequests)
-		}
-	}))
-	defer prov.Close()
-
-	reports := runWorkers(t, 3, workerSpec{Addr: srv.Addr(), Key: strings.TrimPrefix(prov.URL, "http://"), URL: prov.URL,
-		Limit: Limit{Rate: 20, Burst: 5}, Goroutines: 3, Duration: 5 * time.Second})
-	_ = reports
-	mu.Lock()
-	defer mu.Unlock()
-	if first429.IsZero() {
-		t.Fatal("the provider never answered 429")
-	}
-	var last time.Time // the last arrival during the pause
-	during := 0
-	for _, a := range arrivals {
-		if a.After(first429) && a.Before(first429.Add(pause)) {
-			during++
-			last = a
-		}
-	}
-	after := 0
-	for _, a := range arrivals {
-		if !a.Before(first429.Add(pause)) {
-			after++
-		}
-	}
-	stopped := time.Duration(0)
-	if during > 0 {
-		stopped = last.Sub(first429)
-	}
-	t.Logf("3 processes x 3 goroutines: after the first 429 the fleet sent %d more requests, the last %v later, then nothing until the pause of %v ended; %d after it",
-		during, stopped.Round(time.Millisecond), pause, after)
-	// At 20/s with 9 callers, at most 9 grants were waiting when the 429
-	// came: they go out within half a second.
-	if stopped > 600*time.Millisecond || during > 10 {
-		t.Errorf("the fleet kept sending for %v (%d requests) after the 429", stopped, during)
-	}
-	if after < int(0.5*20*math.Max(0, (5*time.Second-pause).Seconds()-2)) {
-		t.Errorf("%d requests after the pause, want the traffic to resume", after)
-	}
 }
 
 // Weighted requests across processes: grants of 3 tokens each never take

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -27,13 +28,14 @@ const refundTimeout = time.Second
 // A Limiter is safe for concurrent use. Most callers want a Transport, which
 // waits for a token before each HTTP request; Wait serves everything else.
 type Limiter struct {
-	cfg     config
-	store   *store
-	obs     observer
-	breaker breaker
-	locals  localLimiters
-	workers workers
-	updates updates
+	cfg      config
+	store    *store
+	obs      observer
+	breaker  breaker
+	locals   localLimiters
+	workers  workers
+	updates  updates
+	sleepers sleepers
 }
 
 // NewLimiter returns a Limiter that keeps its buckets in rdb, which may be a
@@ -64,6 +66,7 @@ func NewLimiter(rdb redis.Scripter, opts ...Option) *Limiter {
 		closed:      l.locals.reset,
 	}
 	l.workers.init(rdb, cfg)
+	l.sleepers.rdb = rdb
 	mp := cfg.meterProvider
 	if mp == nil {
 		mp = otel.GetMeterProvider()
@@ -154,8 +157,15 @@ func (l *Limiter) WaitAll(ctx context.Context, name string, n float64, lims ...L
 			if l.cfg.policy.mode() == ModeLocal {
 				l.locals.granted(name, g.wait)
 			}
-			if err := sleep(ctx, g.wait); err != nil {
-				go l.refund(context.WithoutCancel(ctx), b, n, g.tats)
+			if moved, err := l.sleepOn(ctx, b, g); err != nil {
+				tats := slices.Clone(g.tats)
+				for i := range tats {
+					tats[i] += moved.Microseconds()
+				}
+				go l.refund(context.WithoutCancel(ctx), b, n, tats)
+				if err == ErrWouldExceedDeadline {
+					return fmt.Errorf("%w: a pause moved %q's grant by %v", ErrWouldExceedDeadline, name, moved)
+				}
 				return err
 			}
 			return nil

@@ -11,14 +11,17 @@
 -- one key per layer, all in the bucket's hash slot, checked and taken
 -- together, all or nothing.
 --
--- KEYS[i]      the key of layer i.
+-- KEYS[i]      the key of layer i; for pause, one more key after the
+--              layers' records when the current pause ends.
 -- ARGV[1]      operation: "take", "refund", "probe", "pause", "lower" or
 --              "adjust".
 -- ARGV[2]      take, refund: n, the tokens to take or hand back (> 0);
 --              pause: how long, in microseconds, nothing may be granted;
 --              lower: the tokens the provider says remain (>= 0);
 --              adjust: tokens to take (> 0) or give back (< 0) at once.
--- ARGV[3]      take: the longest wait the caller accepts, in microseconds.
+-- ARGV[3]      take: the longest wait the caller accepts, in microseconds;
+--              pause: the command that announces the pause, PUBLISH or
+--              SPUBLISH (Cluster), or "" for none.
 -- ARGV[4]      now in microseconds, or "" to use the server's clock (TIME).
 -- ARGV[3i+2]   layer i's rate, tokens per second (> 0).
 -- ARGV[3i+3]   layer i's burst, the tokens it holds (>= n).
@@ -39,7 +42,14 @@
 --   probe   rewrites each layer as it is, a write that changes nothing, to
 --           learn whether the server accepts writes;
 --   pause   grants nothing before now + ARGV[2], as a provider's
---           Retry-After asks, and then at most one token a layer;
+--           Retry-After asks, and then at most one token a layer. The
+--           queue moves behind the pause in one piece, keeping its order
+--           and its spacing: a layer with grants scheduled beyond now
+--           moves its tat by the part of the pause that extends the one in
+--           force, if any; the refill of a layer without them goes on. The command
+--           of ARGV[3] announces "<now> <shift>" (microseconds) on the
+--           channel KEYS[1]..":pause", so that every process can move its
+--           callers still sleeping on grants taken before now;
 --   lower   leaves each layer at most ARGV[2] tokens, never raising it;
 --   adjust  takes (or gives back) tokens now, without waiting.
 --
@@ -67,6 +77,16 @@ end
 -- extreme rates finite).
 local r = {1, 0, 0}
 local k = #KEYS
+local shift = 0 -- pause: how far the queue moves
+if op == 'pause' then
+  k = k - 1
+  local pausedUntil = tonumber(redis.call('GET', KEYS[k + 1])) or 0
+  local from = math.max(now, pausedUntil)
+  if now + n > from then
+    shift = now + n - from
+    redis.call('SET', KEYS[k + 1], now + n, 'PX', math.ceil(n / 1000))
+  end
+end
 for i = 1, k do
   local state = redis.call('GET', KEYS[i])
   local tat = tonumber(state)
@@ -127,7 +147,10 @@ for i = 1, k do
     end
   elseif op == 'pause' then
     local full = tonumber(ARGV[3 * i + 3]) / rate * 1000000
-    v = math.max(tat, now + n + full - math.min(1 / rate * 1000000, full))
+    if tat - full > now then -- a queue: the callers of the schedule wait
+      v = tat + shift
+    end
+    v = math.max(v, now + n + full - math.min(1 / rate * 1000000, full))
   elseif op == 'lower' then
     local burst = tonumber(ARGV[3 * i + 3])
     if n < burst then
@@ -156,5 +179,8 @@ for i = 1, k do
 end
 if op == 'take' and r[2] == 0 then
   return 0
+end
+if shift > 0 and ARGV[3] ~= '' then
+  redis.call(ARGV[3], KEYS[1] .. ':pause', string.format('%d %d', now, shift))
 end
 return r
