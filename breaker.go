@@ -51,9 +51,14 @@ type breaker struct {
 	// ask asks Redis about bucket b; it returns nil when Redis answered,
 	// even with an error that is not an outage.
 	ask func(ctx context.Context, b bucket) error
-	// closing runs before the breaker closes after an outage: it hands
-	// the shared bucket what the policy granted. closed runs after.
-	closing, closed func()
+	// resumeIn returns, once Redis answers, how long until the breaker
+	// closes: the instant every Limiter of the fleet leaves its policy.
+	resumeIn func(ctx context.Context) time.Duration
+	// closing runs when the breaker is about to close after an outage: it
+	// hands the shared bucket what the policy granted. The breaker stays
+	// open when it fails. closed runs after the breaker closed.
+	closing func() error
+	closed  func()
 
 	state   atomic.Int32 // a Mode: ModeShared while closed or half-open
 	served  atomic.Int64 // requests the policy let through in this outage
@@ -109,8 +114,9 @@ func (br *breaker) touch(b bucket) {
 }
 
 // probe asks Redis, with backoff, until it answers, then closes the
-// breaker. It stops early, leaving the breaker half-open, when no request
-// has needed the policy for br.idle.
+// breaker at the instant the fleet agrees on, once the shared bucket has
+// been told what the policy granted. It stops early, leaving the breaker
+// half-open, when no request has needed the policy for br.idle.
 func (br *breaker) probe(b bucket) {
 	defer br.probing.Store(false)
 	backoff := probeMinBackoff
@@ -122,7 +128,13 @@ func (br *breaker) probe(b bucket) {
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), probeTimeout)
 		err := br.ask(ctx, b)
+		if err == nil && br.resumeIn != nil {
+			time.Sleep(br.resumeIn(ctx)) // the policy serves meanwhile
+		}
 		cancel()
+		if err == nil && br.closing != nil {
+			err = br.closing() // Redis may have gone again
+		}
 		if err == nil {
 			br.close()
 			return
@@ -161,9 +173,6 @@ func (br *breaker) close() {
 	br.mu.Lock()
 	since := br.since
 	br.mu.Unlock()
-	if br.closing != nil {
-		br.closing()
-	}
 	br.state.Store(int32(ModeShared))
 	if br.closed != nil {
 		br.closed()

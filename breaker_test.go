@@ -92,7 +92,7 @@ func TestBreakerCloses(t *testing.T) {
 			return nil
 		})
 		var order []string
-		br.closing = func() { order = append(order, "closing in "+br.mode().String()) }
+		br.closing = func() error { order = append(order, "closing in "+br.mode().String()); return nil }
 		br.closed = func() { order = append(order, "closed in "+br.mode().String()) }
 		br.trip(bucket{name: "k"}, errDown)
 		time.Sleep(time.Second)

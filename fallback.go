@@ -2,6 +2,8 @@ package quota
 
 import (
 	"context"
+	_ "embed"
+	"errors"
 	"fmt"
 	"math"
 	"sync"
@@ -10,6 +12,9 @@ import (
 
 	"golang.org/x/time/rate"
 )
+
+//go:embed resume.lua
+var resumeSource string
 
 // maxLocalBuckets bounds the buckets that FallbackLocal serves at once in
 // one process, and maxQueues the buckets whose queue it remembers, so that
@@ -237,9 +242,14 @@ func (l *Limiter) localWait(ctx context.Context, b bucket, n float64) error {
 // full by now) does not release a burst on top of what the local shares
 // just sent; and it is charged the tokens this worker's share promised to
 // callers still sleeping, so that their grants and the shared bucket's do
-// not overlap. A failure is counted and logged, and leaves the shared
-// bucket as Redis has it.
-func (l *Limiter) settleLocal() {
+// not overlap. Every worker does so at the instant the fleet agreed on
+// (resumeIn), so that no worker draws on the shared bucket while another
+// still spends its local share.
+//
+// A failure that says Redis is unavailable again is returned: the outage
+// goes on. Any other is counted and logged, and leaves that bucket as
+// Redis has it.
+func (l *Limiter) settleLocal() error {
 	workers := float64(l.workers.divisor(l.cfg.policy))
 	for _, s := range l.locals.shares() {
 		b := bucket{name: s.name, keys: []string{s.key}, lims: []Limit{s.lim}}
@@ -250,7 +260,32 @@ func (l *Limiter) settleLocal() {
 		}
 		cancel()
 		if err != nil {
+			if errors.Is(l.classify(context.Background(), err), ErrUnavailable) {
+				return err
+			}
 			l.updates.failed(updateSettleLocal, err)
 		}
 	}
+	return nil
+}
+
+// resumeDelay is how long after the first Limiter finds Redis again the
+// fleet resumes the shared bucket: longer than the probe's longest
+// backoff, so that every Limiter still probing has found Redis by then.
+const resumeDelay = probeMaxBackoff + 250*time.Millisecond
+
+// resumeIn returns how long until the fleet resumes the shared bucket
+// after an outage: every Limiter of the fleet reads the instant the first
+// one to find Redis again recorded (resume.lua). It is zero for a policy
+// without local shares, and when Redis cannot say.
+func (l *Limiter) resumeIn(ctx context.Context) time.Duration {
+	if l.cfg.policy.mode() != ModeLocal {
+		return 0
+	}
+	cmd, _ := l.resume.run(ctx, []string{l.cfg.prefix + "resume"}, resumeDelay.Microseconds())
+	us, err := cmd.Int64()
+	if err != nil {
+		return 0
+	}
+	return min(max(time.Duration(us)*time.Microsecond, 0), resumeDelay)
 }

@@ -36,6 +36,7 @@ type Limiter struct {
 	workers  workers
 	updates  updates
 	sleepers sleepers
+	resume   *script // resume.lua
 }
 
 // NewLimiter returns a Limiter that keeps its buckets in rdb, which may be a
@@ -47,9 +48,10 @@ func NewLimiter(rdb redis.Scripter, opts ...Option) *Limiter {
 	}
 	cfg := newConfig(opts)
 	l := &Limiter{
-		cfg:   cfg,
-		store: newStore(rdb, cfg),
-		obs:   newObserver(cfg),
+		cfg:    cfg,
+		store:  newStore(rdb, cfg),
+		obs:    newObserver(cfg),
+		resume: newScript(rdb, resumeSource),
 	}
 	client := describeClient(rdb)
 	if cfg.name != "" {
@@ -62,6 +64,7 @@ func NewLimiter(rdb redis.Scripter, opts ...Option) *Limiter {
 		remindEvery: remindEvery,
 		idle:        probeIdle,
 		ask:         l.ask,
+		resumeIn:    l.resumeIn,
 		closing:     l.settleLocal,
 		closed:      l.locals.reset,
 	}
