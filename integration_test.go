@@ -301,6 +301,8 @@ type workerSpec struct {
 	Cost       float64 // tokens a grant takes, 1 when zero
 	URL        string  // when set, GET it through a Transport instead
 	Headers    bool    // with WithProviderHeaders
+	Fallback   int     // with FallbackLocal(Fallback) when above zero
+	Faults     bool    // a client with short timeouts and no retries, for Redis faults
 }
 
 // workerStart is the parent's go-ahead, sent on a worker's stdin once every
@@ -320,7 +322,12 @@ func (spec workerSpec) client() redis.UniversalClient {
 	if spec.Cluster != nil {
 		return redis.NewClusterClient(&redis.ClusterOptions{Addrs: spec.Cluster, PoolSize: spec.Goroutines})
 	}
-	return redis.NewClient(&redis.Options{Addr: spec.Addr, PoolSize: spec.Goroutines})
+	o := &redis.Options{Addr: spec.Addr}
+	if spec.Faults {
+		o = limiterOptions(spec.Addr)
+	}
+	o.PoolSize = spec.Goroutines
+	return redis.NewClient(o)
 }
 
 // options returns the Limiter's options.
@@ -328,6 +335,9 @@ func (spec workerSpec) options() []Option {
 	var opts []Option
 	if spec.Headers {
 		opts = append(opts, WithProviderHeaders())
+	}
+	if spec.Fallback > 0 {
+		opts = append(opts, WithPolicy(FallbackLocal(spec.Fallback)), WithLogger(discardLogger()))
 	}
 	return opts
 }
@@ -403,17 +413,33 @@ func runWorker() int {
 // runs at the same instant.
 func runWorkers(t *testing.T, procs int, spec workerSpec) []workerReport {
 	t.Helper()
+	return startWorkers(t, procs, spec).wait(t)
+}
+
+// runningWorkers are worker processes started by startWorkers.
+type runningWorkers struct {
+	start time.Time // when their runs began
+	spec  workerSpec
+	ps    []workerProc
+}
+
+type workerProc struct {
+	cmd   *exec.Cmd
+	in    io.WriteCloser
+	out   *bufio.Reader
+	ready chan error
+}
+
+// startWorkers starts procs worker processes of spec, waits until every
+// one is ready, starts their runs at the same instant and returns, so that
+// the test can act while they run.
+func startWorkers(t *testing.T, procs int, spec workerSpec) *runningWorkers {
+	t.Helper()
 	env, err := json.Marshal(spec)
 	if err != nil {
 		t.Fatal(err)
 	}
-	type proc struct {
-		cmd   *exec.Cmd
-		in    io.WriteCloser
-		out   *bufio.Reader
-		ready chan error
-	}
-	ps := make([]proc, procs)
+	ps := make([]workerProc, procs)
 	for i := range ps {
 		cmd := exec.Command(os.Args[0], "-test.run=^$")
 		cmd.Env = append(os.Environ(), workerEnv+"="+string(env))
@@ -430,8 +456,8 @@ func runWorkers(t *testing.T, procs int, spec workerSpec) []workerReport {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }) // a worker left behind by a failure
-		ps[i] = proc{cmd: cmd, in: in, out: bufio.NewReader(out), ready: make(chan error, 1)}
-		go func(p proc) {
+		ps[i] = workerProc{cmd: cmd, in: in, out: bufio.NewReader(out), ready: make(chan error, 1)}
+		go func(p workerProc) {
 			line, err := p.out.ReadString('\n')
 			if err == nil && line != workerReady+"\n" {
 				err = fmt.Errorf("said %q, want %q", line, workerReady)
@@ -451,17 +477,25 @@ func runWorkers(t *testing.T, procs int, spec workerSpec) []workerReport {
 			t.Fatalf("worker %d is not ready after %v", i, workerReadyTimeout)
 		}
 	}
-	start, _ := json.Marshal(workerStart{Start: time.Now().Add(workerStartMargin)})
+	at := time.Now().Add(workerStartMargin)
+	start, _ := json.Marshal(workerStart{Start: at})
 	for i, p := range ps {
 		if _, err := fmt.Fprintf(p.in, "%s\n", start); err != nil {
 			t.Fatalf("worker %d: %v", i, err)
 		}
 		p.in.Close()
 	}
+	return &runningWorkers{start: at, spec: spec, ps: ps}
+}
+
+// wait waits for the workers' reports.
+func (w *runningWorkers) wait(t *testing.T) []workerReport {
+	t.Helper()
+	ps, procs := w.ps, len(w.ps)
 
 	// A worker that does not report in time is killed, which ends its
 	// output and fails the decoding below.
-	kill := time.AfterFunc(workerStartMargin+spec.Duration+workerEndTimeout, func() {
+	kill := time.AfterFunc(time.Until(w.start)+w.spec.Duration+workerEndTimeout, func() {
 		for _, p := range ps {
 			_ = p.cmd.Process.Kill()
 		}

@@ -57,6 +57,18 @@ func (h *logRecorder) first(msg string) (slog.Record, bool) {
 	return slog.Record{}, false
 }
 
+// last returns the last record whose message contains msg.
+func (h *logRecorder) last(msg string) (slog.Record, bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for i := len(h.recs) - 1; i >= 0; i-- {
+		if strings.Contains(h.recs[i].Message, msg) {
+			return h.recs[i], true
+		}
+	}
+	return slog.Record{}, false
+}
+
 func (h *logRecorder) String() string {
 	h.mu.Lock()
 	defer h.mu.Unlock()

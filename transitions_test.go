@@ -2,14 +2,17 @@ package quota
 
 import (
 	"context"
+	"math"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/sharedquota/quota/internal/faultproxy"
 	"github.com/sharedquota/quota/internal/redistest"
 )
 
@@ -256,4 +259,148 @@ func TestPauseReachesEveryProcess(t *testing.T) {
 	if len(after) < int(lim.Rate) {
 		t.Errorf("%d requests after the pause, want the traffic to resume", len(after))
 	}
+}
+
+// transition is a change in Redis during a run, and when it happened.
+type transition struct {
+	what string
+	at   time.Time
+}
+
+// TestTransitionsAcrossProcesses: 4 worker processes on FallbackLocal(4)
+// send through Transports while Redis is killed and restarted empty, hung
+// with SIGSTOP and let go, and killed, restarted and killed again before
+// the fleet has resumed. In any window of 1 s or 2 s, the seconds around
+// every transition included, the provider sees at most Burst + Rate x W
+// plus the local shares' bursts, and a jitter allowance of a tenth of a
+// second's rate for the callers' wake-ups on two busy cores.
+func TestTransitionsAcrossProcesses(t *testing.T) {
+	for _, tc := range []struct {
+		lim        Limit
+		goroutines int
+	}{
+		{Limit{Rate: 100, Burst: 10}, 20},
+		{Limit{Rate: 10, Burst: 4}, 5},
+	} {
+		t.Run(tc.lim.String(), func(t *testing.T) {
+			const procs = 4
+			srv := redistest.Start(t)
+			prov := newProvider(t)
+			w := startWorkers(t, procs, workerSpec{Addr: srv.Addr(), Key: "transitions", URL: prov.URL, Limit: tc.lim,
+				Goroutines: tc.goroutines, Duration: 14 * time.Second, Fallback: procs, Faults: true})
+			var events []transition
+			at := func(offset time.Duration, what string, do func()) {
+				time.Sleep(time.Until(w.start.Add(offset)))
+				do()
+				events = append(events, transition{what, time.Now()})
+			}
+			at(2*time.Second, "killed", srv.Kill)
+			at(4*time.Second, "restarted empty", srv.Restart)
+			at(6*time.Second, "hung (SIGSTOP)", srv.Pause)
+			at(7500*time.Millisecond, "let go (SIGCONT)", srv.Resume)
+			at(9500*time.Millisecond, "killed", srv.Kill)
+			at(10200*time.Millisecond, "restarted empty", srv.Restart)
+			at(10900*time.Millisecond, "killed before the fleet resumed", srv.Kill)
+			at(11900*time.Millisecond, "restarted empty", srv.Restart)
+			w.wait(t)
+
+			arrivals := prov.between(w.start, w.start.Add(w.spec.Duration))
+			localBursts := procs * int(math.Max(1, math.Floor(tc.lim.Burst/procs)))
+			jitter := int(math.Ceil(tc.lim.Rate/10)) + 1
+			for _, win := range []time.Duration{time.Second, 2 * time.Second} {
+				limit := bound(tc.lim, win) + localBursts + jitter
+				got := maxInWindow(arrivals, win)
+				t.Logf("%d requests; at most %d in any %v window (bound %d: Burst + Rate x W %d, local bursts %d, jitter %d)",
+					len(arrivals), got, win, limit, bound(tc.lim, win), localBursts, jitter)
+				if got > limit {
+					t.Errorf("%d requests in a %v window, bound %d; per 100ms: %v", got, win, limit, histogram(arrivals, w.start, 100*time.Millisecond))
+				}
+			}
+			for _, e := range events {
+				near := prov.between(e.at.Add(-1500*time.Millisecond), e.at.Add(1500*time.Millisecond))
+				t.Logf("%5.1fs  %-32s  busiest 1s window around it: %d", e.at.Sub(w.start).Seconds(), e.what, maxInWindow(near, time.Second))
+			}
+			// The fleet kept moving: at least 80% of the rate over the run.
+			if want := int(0.8 * tc.lim.Rate * w.spec.Duration.Seconds()); len(arrivals) < want {
+				t.Errorf("%d requests in %v, want at least %d", len(arrivals), w.spec.Duration, want)
+			}
+		})
+	}
+}
+
+// TestFleetResumesTogether: four workers find Redis again at instants
+// 150 ms apart, as workers whose probes back off out of step do. They
+// leave their local shares together, so no worker draws on the shared
+// bucket while another still spends its share: the second around the
+// recovery holds the rate, not the rate and the shares still in use.
+func TestFleetResumesTogether(t *testing.T) {
+	srv := redistest.Start(t)
+	prov := newProvider(t)
+	lim := Limit{Rate: 100, Burst: 10}
+	const workers = 4
+	var proxies []*faultproxy.Proxy
+	ws := newWorkersOn(t, workers, lim, FallbackLocal(workers), func() redis.Scripter {
+		p := faultproxy.New(t, srv.Addr())
+		proxies = append(proxies, p)
+		rdb := redis.NewClient(limiterOptions(p.Addr()))
+		t.Cleanup(func() { rdb.Close() })
+		return rdb
+	})
+	stop := make(chan struct{})
+	done := make(chan []result)
+	go func() { done <- drive(ws, 20, prov.URL, stop) }()
+
+	time.Sleep(1500 * time.Millisecond)
+	for _, p := range proxies { // Redis is gone for every worker
+		p.Refuse(true)
+		p.ResetAll()
+	}
+	time.Sleep(1500 * time.Millisecond)
+	healed := time.Now()
+	for _, p := range proxies { // and back for one after the other
+		p.Refuse(false)
+		time.Sleep(150 * time.Millisecond)
+	}
+	time.Sleep(2 * time.Second)
+	close(stop)
+	<-done
+
+	var back []time.Time
+	for i, w := range ws {
+		r, ok := w.logs.last("available again")
+		if !ok {
+			t.Fatalf("worker %d never found Redis again:\n%s", i, w.logs)
+		}
+		back = append(back, r.Time)
+		t.Logf("worker %d: shared again %v after the first worker could reach Redis", i, back[i].Sub(healed).Round(time.Millisecond))
+	}
+	spread := slices.MaxFunc(back, time.Time.Compare).Sub(slices.MinFunc(back, time.Time.Compare))
+	around := prov.between(healed.Add(-time.Second), healed.Add(2*time.Second))
+	got := maxInWindow(around, time.Second)
+	limit := bound(lim, time.Second) + workers*2 + int(lim.Rate/10) + 1 // local bursts, jitter
+	t.Logf("the workers resumed within %v of each other; busiest 1s window around the recovery %d (bound %d)", spread.Round(time.Millisecond), got, limit)
+	if spread > 100*time.Millisecond {
+		t.Errorf("the workers resumed %v apart, want together", spread)
+	}
+	if got > limit {
+		t.Errorf("%d requests in a 1s window around the recovery, bound %d; per 100ms from 1s before: %v",
+			got, limit, histogram(around, healed.Add(-time.Second), 100*time.Millisecond))
+	}
+}
+
+// histogram counts the instants ts in consecutive buckets of width w from
+// from on.
+func histogram(ts []time.Time, from time.Time, w time.Duration) []int {
+	var h []int
+	for _, at := range ts {
+		i := int(at.Sub(from) / w)
+		if i < 0 {
+			continue
+		}
+		for len(h) <= i {
+			h = append(h, 0)
+		}
+		h[i]++
+	}
+	return h
 }
