@@ -334,6 +334,31 @@ func TestTransitionsAcrossProcesses(t *testing.T) {
 // bucket while another still spends its share: the second around the
 // recovery holds the rate, not the rate and the shares still in use.
 func TestFleetResumesTogether(t *testing.T) {
+	got, limit, spread := staggeredRecovery(t, true)
+	if spread > 100*time.Millisecond {
+		t.Errorf("the workers resumed %v apart, want together", spread)
+	}
+	if got > limit {
+		t.Errorf("%d requests in a 1s window around the recovery, bound %d", got, limit)
+	}
+}
+
+// TestFleetResumesTogetherCatchesWorkerByWorker is the negative control:
+// workers that resume each on its own, as soon as each finds Redis,
+// without settling the shared bucket, break the bound of the test above.
+func TestFleetResumesTogetherCatchesWorkerByWorker(t *testing.T) {
+	got, limit, _ := staggeredRecovery(t, false)
+	if got <= limit {
+		t.Errorf("workers resuming one by one stayed within the bound: %d in a 1s window, bound %d", got, limit)
+	}
+}
+
+// staggeredRecovery runs four workers at 100/s into an outage that ends
+// for one after the other, 150 ms apart, and returns the busiest 1s window
+// at the provider around the recovery, its bound (Burst + Rate, the local
+// shares' bursts, a jitter allowance) and how far apart the workers
+// resumed. together false resumes each worker on its own.
+func staggeredRecovery(t *testing.T, together bool) (got, limit int, spread time.Duration) {
 	srv := redistest.Start(t)
 	prov := newProvider(t)
 	lim := Limit{Rate: 100, Burst: 10}
@@ -346,6 +371,11 @@ func TestFleetResumesTogether(t *testing.T) {
 		t.Cleanup(func() { rdb.Close() })
 		return rdb
 	})
+	if !together {
+		for _, w := range ws {
+			w.tr.limiter.breaker.resumeIn, w.tr.limiter.breaker.closing = nil, nil
+		}
+	}
 	stop := make(chan struct{})
 	done := make(chan []result)
 	go func() { done <- drive(ws, 20, prov.URL, stop) }()
@@ -372,20 +402,15 @@ func TestFleetResumesTogether(t *testing.T) {
 			t.Fatalf("worker %d never found Redis again:\n%s", i, w.logs)
 		}
 		back = append(back, r.Time)
-		t.Logf("worker %d: shared again %v after the first worker could reach Redis", i, back[i].Sub(healed).Round(time.Millisecond))
+		t.Logf("worker %d: shared again %v after the first worker could reach Redis", i, r.Time.Sub(healed).Round(time.Millisecond))
 	}
-	spread := slices.MaxFunc(back, time.Time.Compare).Sub(slices.MinFunc(back, time.Time.Compare))
+	spread = slices.MaxFunc(back, time.Time.Compare).Sub(slices.MinFunc(back, time.Time.Compare))
 	around := prov.between(healed.Add(-time.Second), healed.Add(2*time.Second))
-	got := maxInWindow(around, time.Second)
-	limit := bound(lim, time.Second) + workers*2 + int(lim.Rate/10) + 1 // local bursts, jitter
-	t.Logf("the workers resumed within %v of each other; busiest 1s window around the recovery %d (bound %d)", spread.Round(time.Millisecond), got, limit)
-	if spread > 100*time.Millisecond {
-		t.Errorf("the workers resumed %v apart, want together", spread)
-	}
-	if got > limit {
-		t.Errorf("%d requests in a 1s window around the recovery, bound %d; per 100ms from 1s before: %v",
-			got, limit, histogram(around, healed.Add(-time.Second), 100*time.Millisecond))
-	}
+	got = maxInWindow(around, time.Second)
+	limit = bound(lim, time.Second) + workers*2 + int(lim.Rate/10) + 1 // local bursts, jitter
+	t.Logf("the workers resumed within %v of each other; busiest 1s window around the recovery %d (bound %d); per 100ms from 1s before: %v",
+		spread.Round(time.Millisecond), got, limit, histogram(around, healed.Add(-time.Second), 100*time.Millisecond))
+	return got, limit, spread
 }
 
 // histogram counts the instants ts in consecutive buckets of width w from
