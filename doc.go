@@ -18,15 +18,18 @@
 // contend: the script takes the tokens at once, letting the bucket run into
 // debt, and replies how long until they accrue. The caller sleeps that long
 // once and proceeds, so callers are served first come, first served across
-// the fleet, and nobody polls.
+// the fleet, and nobody polls. A caller whose context has a deadline keeps
+// its place however long the queue; one without is bounded by MaxWait.
 //
 // While Redis is unavailable a Policy decides: FailClosed (the default),
 // FallbackLocal or FailOpen. A breaker keeps requests from paying a Redis
 // timeout each, every change of mode is logged, and Limiter.Mode reports the
-// current one.
+// current one. Under FallbackLocal the fleet returns to the shared bucket at
+// one instant, so the change adds no burst.
 //
 // What the provider answers flows back into the bucket: a 429 with
-// Retry-After pauses it for the whole fleet, and on request its rate-limit
+// Retry-After pauses it for the whole fleet, callers already sleeping on
+// their grants included, and on request its rate-limit
 // headers lower it (WithProviderHeaders) and its stated costs settle it
 // (WithCost, WithSettle). A bucket may obey several limits at once
 // (WithLayers, Limiter.WaitAll).
