@@ -12,7 +12,8 @@
 -- together, all or nothing.
 --
 -- KEYS[i]      the key of layer i; for pause, one more key after the
---              layers' records when the current pause ends.
+--              layers' records when the current pause ends and how it
+--              moved the queue: "<end> <at>:<shift> ..." (microseconds).
 -- ARGV[1]      operation: "take", "refund", "probe", "pause", "lower" or
 --              "adjust".
 -- ARGV[2]      take, refund: n, the tokens to take or hand back (> 0);
@@ -80,11 +81,24 @@ local k = #KEYS
 local shift = 0 -- pause: how far the queue moves
 if op == 'pause' then
   k = k - 1
-  local pausedUntil = tonumber(redis.call('GET', KEYS[k + 1])) or 0
+  -- The record: "<end>" and the announcements of the pause in force,
+  -- " <at>:<shift>" each, the last four, for a Limiter that starts
+  -- listening after them.
+  local record = redis.call('GET', KEYS[k + 1]) or ''
+  local pausedUntil = string.match(record, '^%d+')
+  pausedUntil = pausedUntil and tonumber(pausedUntil) or 0
   local from = math.max(now, pausedUntil)
   if now + n > from then
     shift = now + n - from
-    redis.call('SET', KEYS[k + 1], now + n, 'PX', math.ceil(n / 1000))
+    local said = {}
+    if pausedUntil > now then
+      for a in string.gmatch(record, ' %d+:%d+') do
+        said[#said + 1] = a
+      end
+    end
+    said[#said + 1] = string.format(' %d:%d', now, shift)
+    record = string.format('%d', now + n) .. table.concat(said, '', math.max(1, #said - 3))
+    redis.call('SET', KEYS[k + 1], record, 'PX', math.ceil(n / 1000))
   end
 end
 for i = 1, k do

@@ -144,7 +144,10 @@ func (ss *sleepers) remove(key string, s *sleeper) {
 }
 
 // listen subscribes to the pause channel of bucket key and moves the
-// sleepers of each announcement, until the subscription is closed.
+// sleepers of each announcement, until the subscription is closed. Once
+// subscribed, it reads the pause in force, if any, from its record: an
+// announcement made before the subscription, which the first callers to
+// sleep on a bucket would otherwise miss.
 func (ss *sleepers) listen(key string, ch *channel) {
 	name := key + channelSuffix
 	ctx := context.Background()
@@ -165,22 +168,47 @@ func (ss *sleepers) listen(key string, ch *channel) {
 	}
 	ch.sub = sub
 	ss.mu.Unlock()
-	for msg := range sub.Channel() {
-		at, shift, ok := parseAnnouncement(msg.Payload)
-		if !ok {
-			continue
-		}
-		ss.mu.Lock()
-		ch.recent = append(ch.recent, announced{at: at, shift: shift, heard: time.Now()})
-		if len(ch.recent) > recentPauses {
-			ch.recent = ch.recent[1:]
-		}
-		for s := range ch.sleeping {
-			if s.takenAt <= at {
-				s.move(time.Duration(shift) * time.Microsecond)
+
+	rctx, cancel := context.WithTimeout(ctx, probeTimeout)
+	if _, err := sub.Receive(rctx); err == nil { // subscribed
+		if g, ok := ss.rdb.(getter); ok {
+			if record, err := g.Get(rctx, key+pausedSuffix).Result(); err == nil {
+				for _, a := range parseRecord(record) {
+					ss.heard(ch, a[0], a[1])
+				}
 			}
 		}
-		ss.mu.Unlock()
+	}
+	cancel()
+	for msg := range sub.Channel() {
+		if at, shift, ok := parseAnnouncement(msg.Payload); ok {
+			ss.heard(ch, at, shift)
+		}
+	}
+}
+
+type getter interface {
+	Get(ctx context.Context, key string) *redis.StringCmd
+}
+
+// heard moves the sleepers of ch whose grants were taken before at by
+// shift, once for each announcement however often it is heard.
+func (ss *sleepers) heard(ch *channel, at, shift int64) {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	for _, a := range ch.recent {
+		if a.at == at {
+			return
+		}
+	}
+	ch.recent = append(ch.recent, announced{at: at, shift: shift, heard: time.Now()})
+	if len(ch.recent) > recentPauses {
+		ch.recent = ch.recent[1:]
+	}
+	for s := range ch.sleeping {
+		if s.takenAt <= at {
+			s.move(time.Duration(shift) * time.Microsecond)
+		}
 	}
 }
 
@@ -193,6 +221,21 @@ func parseAnnouncement(p string) (at, shift int64, ok bool) {
 	at, err1 := strconv.ParseInt(a, 10, 64)
 	shift, err2 := strconv.ParseInt(b, 10, 64)
 	return at, shift, err1 == nil && err2 == nil && shift > 0
+}
+
+// parseRecord reads the announcements of a pause's record,
+// "<end> <at>:<shift> ...".
+func parseRecord(record string) [][2]int64 {
+	var out [][2]int64
+	for _, f := range strings.Fields(record)[1:] {
+		a, b, found := strings.Cut(f, ":")
+		at, err1 := strconv.ParseInt(a, 10, 64)
+		shift, err2 := strconv.ParseInt(b, 10, 64)
+		if found && err1 == nil && err2 == nil && shift > 0 {
+			out = append(out, [2]int64{at, shift})
+		}
+	}
+	return out
 }
 
 // sleepOn waits for a grant of bucket b that falls due after g.wait, and

@@ -429,3 +429,34 @@ func histogram(ts []time.Time, from time.Time, w time.Duration) []int {
 	}
 	return h
 }
+
+// TestPauseBeforeListening: a pause announced before a Limiter listens on
+// the bucket's channel still moves the grants its callers took before the
+// pause: listening begins by reading the pause in force.
+func TestPauseBeforeListening(t *testing.T) {
+	srv := redistest.Start(t)
+	a, b := NewLimiter(srv.Client(t)), NewLimiter(srv.Client(t))
+	lim := Limit{Rate: 10, Burst: 1}
+	bk, _ := a.bucket("early", []Limit{lim})
+	ctx := context.Background()
+	if _, _, err := a.store.take(ctx, bk, 1, time.Second); err != nil { // the one token
+		t.Fatal(err)
+	}
+	g, _, err := a.store.take(ctx, bk, 1, time.Second) // due in 100 ms
+	if err != nil || g.wait <= 0 {
+		t.Fatalf("take: %+v, %v; want a wait", g, err)
+	}
+	taken := time.Now()
+	const pause = 500 * time.Millisecond
+	if err := b.store.pause(ctx, bk, pause); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.sleepOn(ctx, bk, g); err != nil {
+		t.Fatal(err)
+	}
+	slept := time.Since(taken)
+	t.Logf("a grant due in %v, taken before a pause of %v that came before anyone listened, fell due after %v", g.wait, pause, slept)
+	if slept < g.wait+pause-5*time.Millisecond {
+		t.Errorf("the grant fell due after %v, want after its wait and the pause, %v", slept, g.wait+pause)
+	}
+}

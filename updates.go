@@ -83,9 +83,11 @@ func (l *Limiter) startUpdates(ctx context.Context, b bucket, us []update) {
 		for _, u := range us {
 			uctx, end := l.obs.update(ctx, "quota."+u.kind, b.name)
 			err := u.run(uctx)
-			end(err)
 			if err != nil {
 				err = l.classify(ctx, err)
+			}
+			end(err)
+			if err != nil {
 				if errors.Is(err, ErrUnavailable) {
 					l.breaker.trip(b, err)
 				}
