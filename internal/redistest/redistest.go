@@ -495,16 +495,30 @@ func sentinelInstallHint() string {
 // Ports are drawn at random from [minPort, maxPort]. Where possible both the
 // port and port+busPortOffset lie outside the kernel's ephemeral range, so
 // that outgoing connections cannot grab a port while a server is down
-// between Kill and Restart. A port and its bus port are reserved for the
-// life of the Server so that servers started by the same test binary never
-// collide; other processes are detected by test-listening and, if they win
-// a race, by the retry in startFresh.
+// between Kill and Restart.
+//
+// A port and its bus port are reserved for the life of the Server, also
+// while it is killed, and not only among the servers of this test binary:
+// each reserved port is also locked (flock) through a file in
+// os.TempDir()/redistest-ports, so that the other test binaries that
+// `go test ./...` runs at the same time, or tests of another checkout, do
+// not start a server on it either. Without that, another binary could start
+// a cluster node on the port of a master a test has just killed; the killed
+// master's peers would then reach a node with another ID at its address,
+// flag the master "noaddr", stop counting it as failing, and never fail it
+// over. The locks end with the process, however it exits. Processes that
+// start servers by other means are detected by test-listening and, if they
+// win a race, by the retry in startFresh.
 var (
 	portMu       sync.Mutex
-	portReserved = map[int]bool{}
+	portReserved = map[int]*os.File{} // port -> its lock file, nil if none
 	portOnce     sync.Once
 	portChoices  []int
 )
+
+// portLockDir is the directory of the lock files that reserve ports across
+// processes.
+var portLockDir = filepath.Join(os.TempDir(), "redistest-ports")
 
 // reservePort picks and reserves a port whose bus port is also free.
 func reservePort() (int, error) {
@@ -513,14 +527,25 @@ func reservePort() (int, error) {
 	defer portMu.Unlock()
 	for range 1000 {
 		p := portChoices[rand.IntN(len(portChoices))]
-		if portReserved[p] || portReserved[p+busPortOffset] {
+		b := p + busPortOffset
+		if _, ok := portReserved[p]; ok {
 			continue
 		}
-		if !canListen(p) || !canListen(p+busPortOffset) {
+		if _, ok := portReserved[b]; ok {
 			continue
 		}
-		portReserved[p] = true
-		portReserved[p+busPortOffset] = true
+		lp, ok := lockPort(p)
+		if !ok {
+			continue
+		}
+		lb, ok := lockPort(b)
+		if !ok || !canListen(p) || !canListen(b) {
+			closeLock(lp)
+			closeLock(lb)
+			continue
+		}
+		portReserved[p] = lp
+		portReserved[b] = lb
 		return p, nil
 	}
 	return 0, errors.New("no free loopback port found")
@@ -530,8 +555,38 @@ func reservePort() (int, error) {
 func releasePort(p int) {
 	portMu.Lock()
 	defer portMu.Unlock()
-	delete(portReserved, p)
-	delete(portReserved, p+busPortOffset)
+	for _, q := range []int{p, p + busPortOffset} {
+		closeLock(portReserved[q])
+		delete(portReserved, q)
+	}
+}
+
+// lockPort locks port's file in portLockDir. It reports false if another
+// process (or another Server of this one) holds the lock. When the lock
+// file cannot be created at all it reports true with a nil file: the port
+// is then coordinated within this process only.
+func lockPort(port int) (*os.File, bool) {
+	if err := os.MkdirAll(portLockDir, 0o777); err != nil {
+		return nil, true
+	}
+	// Read-only is enough for flock and lets other users lock a file this
+	// user created.
+	f, err := os.OpenFile(filepath.Join(portLockDir, strconv.Itoa(port)), os.O_RDONLY|os.O_CREATE, 0o644)
+	if err != nil {
+		return nil, true
+	}
+	if err := lockFile(f); err != nil {
+		f.Close()
+		return nil, false
+	}
+	return f, true
+}
+
+// closeLock releases a lock taken by lockPort; f may be nil.
+func closeLock(f *os.File) {
+	if f != nil {
+		f.Close()
+	}
 }
 
 // canListen reports whether 127.0.0.1:port can be listened on right now.

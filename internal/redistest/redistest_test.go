@@ -5,6 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -280,5 +284,74 @@ e7d1eecce10fd6bb5eb35b9f99a514335d9ba9ca 127.0.0.1:30001@31001 myself,master - 0
 		if port != tc.port || ok != tc.ok {
 			t.Errorf("slotOwner(%d) = %d, %v; want %d, %v", tc.slot, port, ok, tc.port, tc.ok)
 		}
+	}
+}
+
+// portHelperEnv names the port that TestPortLockHelperProcess, run as a
+// child of TestPortsReservedAcrossProcesses, tries to lock.
+const portHelperEnv = "REDISTEST_HELPER_LOCK_PORT"
+
+// TestPortsReservedAcrossProcesses checks that a port reserved by this
+// test binary cannot be reserved by another process until it is released.
+func TestPortsReservedAcrossProcesses(t *testing.T) {
+	p, err := reservePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	released := false
+	defer func() {
+		if !released {
+			releasePort(p)
+		}
+	}()
+	tryLock := func(port int) string {
+		t.Helper()
+		cmd := exec.Command(os.Args[0], "-test.run=^TestPortLockHelperProcess$", "-test.v")
+		cmd.Env = append(os.Environ(), portHelperEnv+"="+strconv.Itoa(port))
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("helper process: %v\n%s", err, out)
+		}
+		for _, line := range strings.Split(string(out), "\n") {
+			if v, ok := strings.CutPrefix(strings.TrimSpace(line), "lock:"); ok {
+				return v
+			}
+		}
+		t.Fatalf("helper process printed no result:\n%s", out)
+		return ""
+	}
+	if got := tryLock(p); got != "busy" {
+		t.Fatalf("another process locking reserved port %d: %s, want busy", p, got)
+	}
+	if got := tryLock(p + busPortOffset); got != "busy" {
+		t.Fatalf("another process locking reserved bus port %d: %s, want busy", p+busPortOffset, got)
+	}
+	releasePort(p)
+	released = true
+	if got := tryLock(p); got != "locked" {
+		t.Fatalf("another process locking released port %d: %s, want locked", p, got)
+	}
+}
+
+// TestPortLockHelperProcess runs only as a child process of
+// TestPortsReservedAcrossProcesses: it tries to lock the port it is given.
+func TestPortLockHelperProcess(t *testing.T) {
+	v := os.Getenv(portHelperEnv)
+	if v == "" {
+		t.Skip("helper process for TestPortsReservedAcrossProcesses")
+	}
+	port, err := strconv.Atoi(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, ok := lockPort(port)
+	switch {
+	case !ok:
+		fmt.Println("lock:busy")
+	case f == nil:
+		fmt.Println("lock:unavailable")
+	default:
+		fmt.Println("lock:locked")
+		f.Close()
 	}
 }
