@@ -77,6 +77,9 @@ type Server struct {
 	port int
 	// build returns the command-line arguments for a launch on port.
 	build func(port int) ([]string, error)
+	// settle, when set by StartCluster, waits after a Restart until the
+	// server has rejoined its group.
+	settle func() error
 
 	mu     sync.Mutex
 	proc   *process // nil when not running
@@ -237,12 +240,29 @@ func (s *Server) Kill() {
 // port with the same arguments, waiting until it answers PING. Since nothing
 // is saved, a plain server comes back empty; a cluster node keeps its
 // cluster configuration file and a sentinel its rewritten configuration.
+//
+// A node of a [Cluster] is also waited for until it has rejoined: see
+// [Cluster.WaitInSync] for what that means. Restart then returns with the
+// node's replicas (or the node itself, as a replica) in sync, ready to be
+// killed again.
 func (s *Server) Restart() {
 	s.tb.Helper()
+	if err := s.relaunch(); err != nil {
+		s.tb.Fatalf("redistest: restarting %s: %v", s.Addr(), err)
+	}
+	if s.settle != nil {
+		if err := s.settle(); err != nil {
+			s.tb.Fatalf("redistest: %s restarted but did not rejoin: %v", s.Addr(), err)
+		}
+	}
+}
+
+// relaunch kills the process, if running, and launches it on its port.
+func (s *Server) relaunch() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err := s.killLocked(); err != nil {
-		s.tb.Fatalf("redistest: %v", err)
+		return err
 	}
 	var err error
 	// The port can stay busy for a moment after the old process dies.
@@ -252,9 +272,7 @@ func (s *Server) Restart() {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-	if err != nil {
-		s.tb.Fatalf("redistest: restarting %s: %v", s.Addr(), err)
-	}
+	return err
 }
 
 // Pause stops the server with SIGSTOP. The kernel still accepts
@@ -639,6 +657,9 @@ func ephemeralRange() (lo, hi int) {
 
 // queryTimeout bounds each command the helpers send while polling.
 const queryTimeout = 2 * time.Second
+
+// pollInterval is how often the waits for replicas to be in sync check.
+const pollInterval = 100 * time.Millisecond
 
 // adminClient returns a short-lived client for helper queries to addr.
 func adminClient(addr string) *redis.Client {

@@ -165,8 +165,30 @@ func TestCluster(t *testing.T) {
 		t.Fatalf("100 keys landed on %d masters, want 3", len(masters))
 	}
 
-	// Kill the master of key:0: its replica takes over the slot, and the
-	// restarted node rejoins the cluster.
+	// Kill the master of key:0 while a client keeps writing to its slot,
+	// once its replica is in sync: the replica takes over the slot with the
+	// data, and the restarted node rejoins the cluster as its replica.
+	stop := make(chan struct{})
+	writes := make(chan int)
+	go func() {
+		n := 0
+		for {
+			select {
+			case <-stop:
+				writes <- n
+				return
+			default:
+			}
+			ctx, cancel := context.WithTimeout(ctx, time.Second)
+			if c.Incr(ctx, "{key:0}:writes").Err() == nil {
+				n++
+			}
+			cancel()
+		}
+	}()
+	began := time.Now()
+	cl.WaitInSync("key:0")
+	t.Logf("replicas of key:0's master in sync after %v, under writes", time.Since(began))
 	old := cl.MasterFor("key:0")
 	old.Kill()
 	killed := time.Now()
@@ -185,6 +207,11 @@ func TestCluster(t *testing.T) {
 		t.Fatalf("failover: %v", err)
 	}
 	t.Logf("replica %s took over from %s in %v", promoted.Addr(), old.Addr(), time.Since(killed))
+	close(stop)
+	t.Logf("%d writes acknowledged before the failover", <-writes)
+	if got, err := promoted.Client(t).Get(ctx, "key:0").Int(); err != nil || got != 0 {
+		t.Fatalf("GET key:0 on the promoted replica = %d, %v; want 0", got, err)
+	}
 	// A connection refused from the dead master does not make go-redis
 	// reload its slot map (only MOVED does, or the 60 s default
 	// ClusterStateReloadInterval), so ask for a reload explicitly.
@@ -194,14 +221,21 @@ func TestCluster(t *testing.T) {
 	}); err != nil {
 		t.Fatalf("SET through the cluster client after failover: %v", err)
 	}
+	// Restart returns once the node has rejoined as the promoted node's
+	// replica and caught up with it.
 	old.Restart()
-	if err := waitFor(20*time.Second, 100*time.Millisecond, cl.healthy); err != nil {
+	t.Logf("%s back as a replica in sync %v after the kill", old.Addr(), time.Since(killed))
+	if got := replicaOf(t, old); got != promoted.Port() {
+		t.Fatalf("after restart %s replicates port %d, want %s", old.Addr(), got, promoted.Addr())
+	}
+	if err := cl.healthy(ctx); err != nil {
 		t.Fatalf("cluster after restarting %s: %v", old.Addr(), err)
 	}
 	if m := cl.MasterFor("key:0"); m != promoted {
 		t.Fatalf("after restart MasterFor(key:0) = %s, want %s", m.Addr(), promoted.Addr())
 	}
-	t.Logf("cluster healthy again %v after the kill", time.Since(killed))
+	cl.WaitInSync()
+	t.Logf("cluster healthy and in sync again %v after the kill", time.Since(killed))
 }
 
 func TestSentinel(t *testing.T) {
@@ -266,6 +300,24 @@ func TestSentinel(t *testing.T) {
 	}
 }
 
+// replicaOf returns the port of the master that s replicates, or 0 if s is
+// a master.
+func replicaOf(t *testing.T, s *Server) int {
+	t.Helper()
+	info, err := s.Client(t).Info(context.Background(), "replication").Result()
+	if err != nil {
+		t.Fatalf("INFO replication on %s: %v", s.Addr(), err)
+	}
+	if infoField(info, "role") != "slave" {
+		return 0
+	}
+	port, err := strconv.Atoi(infoField(info, "master_port"))
+	if err != nil {
+		t.Fatalf("%s: master_port: %v", s.Addr(), err)
+	}
+	return port
+}
+
 func TestSlotOwner(t *testing.T) {
 	nodes := `aaaa 127.0.0.1:30009@31009 master,fail - 0 0 1 connected 10923
 07c37dfeb235213a872192d90877d0cd55635b91 127.0.0.1:30004@31004,host4 slave e7d1eecce10fd6bb5eb35b9f99a514335d9ba9ca 0 1426238317239 4 connected
@@ -284,6 +336,19 @@ e7d1eecce10fd6bb5eb35b9f99a514335d9ba9ca 127.0.0.1:30001@31001 myself,master - 0
 		if port != tc.port || ok != tc.ok {
 			t.Errorf("slotOwner(%d) = %d, %v; want %d, %v", tc.slot, port, ok, tc.port, tc.ok)
 		}
+	}
+
+	// A master that answered with another node ID at its address is
+	// flagged noaddr and loses its address: it serves no key.
+	noaddr := "bbbb :0@0 master,fail?,noaddr - 1 1 2 disconnected 0-5460\n"
+	if port, ok := slotOwner(noaddr, 42); ok {
+		t.Errorf("slotOwner on a noaddr master = %d, want none", port)
+	}
+	if got, want := describeSlot(noaddr, 42), `it is served by bbbb at ":0" flagged master,fail?,noaddr (link disconnected)`; got != want {
+		t.Errorf("describeSlot = %q, want %q", got, want)
+	}
+	if got, want := describeSlot(nodes, 16384), "no node serves it"; got != want {
+		t.Errorf("describeSlot(16384) = %q, want %q", got, want)
 	}
 }
 
@@ -353,5 +418,21 @@ func TestPortLockHelperProcess(t *testing.T) {
 	default:
 		fmt.Println("lock:locked")
 		f.Close()
+	}
+}
+
+func TestListedReplicaState(t *testing.T) {
+	info := "# Replication\r\nrole:master\r\nconnected_slaves:2\r\n" +
+		"slave0:ip=127.0.0.1,port=7001,state=online,offset=1234,lag=0\r\n" +
+		"slave1:ip=127.0.0.1,port=7002,state=wait_bgsave,offset=0,lag=0\r\n" +
+		"master_repl_offset:1234\r\n"
+	for port, want := range map[int]string{7001: "online", 7002: "wait_bgsave", 7003: ""} {
+		if got := listedReplicaState(info, port); got != want {
+			t.Errorf("listedReplicaState(%d) = %q, want %q", port, got, want)
+		}
+	}
+	// A replica's own INFO has slave_* fields but lists no replica.
+	if got := listedReplicaState("role:slave\r\nslave_repl_offset:7001\r\nslave_priority:100\r\n", 7001); got != "" {
+		t.Errorf("listedReplicaState on a replica's INFO = %q, want none", got)
 	}
 }
