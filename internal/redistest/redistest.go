@@ -77,8 +77,8 @@ type Server struct {
 	port int
 	// build returns the command-line arguments for a launch on port.
 	build func(port int) ([]string, error)
-	// settle, when set by StartCluster, waits after a Restart until the
-	// server has rejoined its group.
+	// settle, when set by StartCluster or StartSentinel, waits after a
+	// Restart until the server has rejoined its group.
 	settle func() error
 
 	mu     sync.Mutex
@@ -241,10 +241,10 @@ func (s *Server) Kill() {
 // is saved, a plain server comes back empty; a cluster node keeps its
 // cluster configuration file and a sentinel its rewritten configuration.
 //
-// A node of a [Cluster] is also waited for until it has rejoined: see
-// [Cluster.WaitInSync] for what that means. Restart then returns with the
-// node's replicas (or the node itself, as a replica) in sync, ready to be
-// killed again.
+// A node of a [Cluster] or of a [Sentinel] setup is also waited for until
+// it has rejoined: see [Cluster.WaitInSync] and [Sentinel.WaitInSync] for
+// what that means. Restart then returns with the node's replicas (or the
+// node itself, as a replica) in sync, ready to be killed again.
 func (s *Server) Restart() {
 	s.tb.Helper()
 	if err := s.relaunch(); err != nil {

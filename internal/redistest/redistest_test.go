@@ -276,8 +276,14 @@ func TestSentinel(t *testing.T) {
 		t.Fatalf("replica: %v", err)
 	}
 
-	// Kill the master: the sentinel promotes the replica and the failover
-	// client follows it.
+	// Kill the master once the replica is in sync: the sentinel promotes
+	// the replica and the failover client follows it.
+	began := time.Now()
+	s.WaitInSync()
+	t.Logf("replica in sync after %v", time.Since(began))
+	if m := s.CurrentMaster(); m != s.Master() {
+		t.Fatalf("CurrentMaster() = %s, want %s", m.Addr(), s.Master().Addr())
+	}
 	s.Master().Kill()
 	killed := time.Now()
 	sc := redis.NewSentinelClient(&redis.Options{Addr: s.SentinelAddrs()[0]})
@@ -298,6 +304,22 @@ func TestSentinel(t *testing.T) {
 	if got, err := rc.Get(ctx, "k").Result(); err != nil || got != "after" {
 		t.Fatalf("GET on promoted replica = %q, %v; want after", got, err)
 	}
+	if m := s.CurrentMaster(); m != s.Replica() {
+		t.Fatalf("after failover CurrentMaster() = %s, want %s", m.Addr(), s.Replica().Addr())
+	}
+
+	// The old master comes back empty; Restart returns once the sentinel
+	// has made it a replica of the new master and it has caught up.
+	restarted := time.Now()
+	s.Master().Restart()
+	t.Logf("old master %s back as a replica in sync after %v", s.Master().Addr(), time.Since(restarted))
+	if got := replicaOf(t, s.Master()); got != s.Replica().Port() {
+		t.Fatalf("after restart %s replicates port %d, want %s", s.Master().Addr(), got, s.Replica().Addr())
+	}
+	if got, err := s.Master().Client(t).Get(ctx, "k").Result(); err != nil || got != "after" {
+		t.Fatalf("GET on the restarted old master = %q, %v; want after", got, err)
+	}
+	s.WaitInSync()
 }
 
 // replicaOf returns the port of the master that s replicates, or 0 if s is
