@@ -53,6 +53,9 @@ const (
 	startTimeout = 10 * time.Second
 	// killTimeout bounds how long a killed process may take to be reaped.
 	killTimeout = 10 * time.Second
+	// logTailLines is how many lines of each server's log a failed test
+	// reports.
+	logTailLines = 25
 	// startAttempts is how many ports Start tries before giving up.
 	startAttempts = 20
 	// busPortOffset is the distance between a cluster node's client port
@@ -178,8 +181,14 @@ func (s *Server) startFresh() {
 	s.tb.Fatalf("redistest: starting %s: %v", filepath.Base(s.bin), lastErr)
 }
 
-// cleanup kills the process and gives its port back.
+// cleanup kills the process and gives its port back. If the test failed
+// it first logs the tail of the server's log, which the removal of the
+// test's temporary directory is about to delete.
 func (s *Server) cleanup() {
+	if s.tb.Failed() {
+		s.tb.Logf("redistest: %s %s, last lines of %s:\n%s",
+			filepath.Base(s.bin), s.Addr(), s.log, tail(readFrom(s.log, 0), logTailLines))
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err := s.killLocked(); err != nil {
