@@ -418,7 +418,7 @@ func (s *Server) launchLocked(port int) error {
 			}
 			return err
 		}
-		if pingRaw(addr) == nil {
+		if pingRaw(addr, cmd.Process.Pid) == nil {
 			return nil
 		}
 		if time.Now().After(deadline) {
@@ -429,23 +429,43 @@ func (s *Server) launchLocked(port int) error {
 	}
 }
 
-// pingRaw sends an inline PING over a new connection and expects +PONG.
-func pingRaw(addr string) error {
+// pingRaw sends an inline PING over a new connection and expects +PONG,
+// then checks with INFO server that the process answering is the one with
+// process ID pid: another process may have started a server on the same
+// port a moment earlier, and its PONG must not pass for our server's.
+func pingRaw(addr string, pid int) error {
 	conn, err := net.DialTimeout("tcp", addr, 500*time.Millisecond)
 	if err != nil {
 		return err
 	}
 	defer conn.Close()
 	_ = conn.SetDeadline(time.Now().Add(500 * time.Millisecond))
-	if _, err := conn.Write([]byte("PING\r\n")); err != nil {
+	if _, err := conn.Write([]byte("PING\r\nINFO server\r\n")); err != nil {
 		return err
 	}
-	line, err := bufio.NewReader(conn).ReadString('\n')
+	r := bufio.NewReader(conn)
+	line, err := r.ReadString('\n')
 	if err != nil {
 		return err
 	}
 	if strings.TrimSpace(line) != "+PONG" {
 		return fmt.Errorf("PING answered %q", strings.TrimSpace(line))
+	}
+	// INFO answers with a bulk string: $LENGTH CRLF DATA CRLF.
+	line, err = r.ReadString('\n')
+	if err != nil {
+		return err
+	}
+	n, err := strconv.Atoi(strings.TrimPrefix(strings.TrimSpace(line), "$"))
+	if err != nil || !strings.HasPrefix(line, "$") {
+		return fmt.Errorf("INFO server answered %q", strings.TrimSpace(line))
+	}
+	info := make([]byte, n)
+	if _, err := io.ReadFull(r, info); err != nil {
+		return err
+	}
+	if got := infoField(string(info), "process_id"); got != strconv.Itoa(pid) {
+		return fmt.Errorf("%s is answered by process %s, not by %d", addr, got, pid)
 	}
 	return nil
 }

@@ -127,6 +127,24 @@ func TestPauseResume(t *testing.T) {
 	}
 }
 
+// TestLaunchOnTakenPort checks that a launch on a port another server
+// already answers on fails as a port in use (so that Start picks another
+// port) instead of taking the other server's PONG for its own.
+func TestLaunchOnTakenPort(t *testing.T) {
+	t.Parallel()
+	s := Start(t)
+	other := newServer(t, lookBinary(t, "redis-server", serverInstallHint()), t.TempDir(), func(port int) ([]string, error) {
+		return []string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"}, nil
+	})
+	other.mu.Lock()
+	err := other.launchLocked(s.Port())
+	other.port = 0 // the port is s's: other's cleanup must not release it
+	other.mu.Unlock()
+	if !errors.Is(err, errPortInUse) {
+		t.Fatalf("launch on the port of %s: err = %v, want errPortInUse", s.Addr(), err)
+	}
+}
+
 func TestCluster(t *testing.T) {
 	t.Parallel()
 	start := time.Now()
