@@ -3,12 +3,25 @@
 // Every server is a child process of the test binary, listening on a
 // freshly chosen loopback port and writing into a per-test temporary
 // directory; nothing is persisted (no RDB, no AOF). A server never relies on
-// another instance already running on the machine.
+// another instance already running on the machine, and its ports stay
+// reserved, while the Server lives, against the other test binaries using
+// this package at the same time (go test ./... runs several).
 //
 // The package provides a single server ([Start]), a Redis Cluster
 // ([StartCluster]) and a master/replica pair watched by Sentinel
 // ([StartSentinel]), plus fault controls on each process ([Server.Kill],
 // [Server.Restart], [Server.Pause], [Server.Resume]).
+//
+// # Failover
+//
+// Redis Cluster does not promote a replica that has not completed a sync
+// with its master, and a replica promoted while behind lacks the master's
+// last writes. A test that kills a master should therefore first call
+// [Cluster.WaitInSync] (with the key whose master it kills) or
+// [Sentinel.WaitInSync], and kill [Cluster.MasterFor] or
+// [Sentinel.CurrentMaster]. StartCluster, StartSentinel and Restart already
+// wait for the same condition before they return, but the test's own writes
+// and a failover happen after that.
 //
 // When the redis binaries are not on PATH the tests that need them are
 // skipped, unless the environment variable QUOTA_REQUIRE_REDIS is set to 1,
