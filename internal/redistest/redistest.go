@@ -3,12 +3,25 @@
 // Every server is a child process of the test binary, listening on a
 // freshly chosen loopback port and writing into a per-test temporary
 // directory; nothing is persisted (no RDB, no AOF). A server never relies on
-// another instance already running on the machine.
+// another instance already running on the machine, and its ports stay
+// reserved, while the Server lives, against the other test binaries using
+// this package at the same time (go test ./... runs several).
 //
 // The package provides a single server ([Start]), a Redis Cluster
 // ([StartCluster]) and a master/replica pair watched by Sentinel
 // ([StartSentinel]), plus fault controls on each process ([Server.Kill],
 // [Server.Restart], [Server.Pause], [Server.Resume]).
+//
+// # Failover
+//
+// Redis Cluster does not promote a replica that has not completed a sync
+// with its master, and a replica promoted while behind lacks the master's
+// last writes. A test that kills a master should therefore first call
+// [Cluster.WaitInSync] (with the key whose master it kills) or
+// [Sentinel.WaitInSync], and kill [Cluster.MasterFor] or
+// [Sentinel.CurrentMaster]. StartCluster, StartSentinel and Restart already
+// wait for the same condition before they return, but the test's own writes
+// and a failover happen after that.
 //
 // When the redis binaries are not on PATH the tests that need them are
 // skipped, unless the environment variable QUOTA_REQUIRE_REDIS is set to 1,
@@ -53,6 +66,9 @@ const (
 	startTimeout = 10 * time.Second
 	// killTimeout bounds how long a killed process may take to be reaped.
 	killTimeout = 10 * time.Second
+	// logTailLines is how many lines of each server's log a failed test
+	// reports.
+	logTailLines = 25
 	// startAttempts is how many ports Start tries before giving up.
 	startAttempts = 20
 	// busPortOffset is the distance between a cluster node's client port
@@ -77,6 +93,9 @@ type Server struct {
 	port int
 	// build returns the command-line arguments for a launch on port.
 	build func(port int) ([]string, error)
+	// settle, when set by StartCluster or StartSentinel, waits after a
+	// Restart until the server has rejoined its group.
+	settle func() error
 
 	mu     sync.Mutex
 	proc   *process // nil when not running
@@ -175,8 +194,14 @@ func (s *Server) startFresh() {
 	s.tb.Fatalf("redistest: starting %s: %v", filepath.Base(s.bin), lastErr)
 }
 
-// cleanup kills the process and gives its port back.
+// cleanup kills the process and gives its port back. If the test failed
+// it first logs the tail of the server's log, which the removal of the
+// test's temporary directory is about to delete.
 func (s *Server) cleanup() {
+	if s.tb.Failed() {
+		s.tb.Logf("redistest: %s %s, last lines of %s:\n%s",
+			filepath.Base(s.bin), s.Addr(), s.log, tail(readFrom(s.log, 0), logTailLines))
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err := s.killLocked(); err != nil {
@@ -237,12 +262,29 @@ func (s *Server) Kill() {
 // port with the same arguments, waiting until it answers PING. Since nothing
 // is saved, a plain server comes back empty; a cluster node keeps its
 // cluster configuration file and a sentinel its rewritten configuration.
+//
+// A node of a [Cluster] or of a [Sentinel] setup is also waited for until
+// it has rejoined: see [Cluster.WaitInSync] and [Sentinel.WaitInSync] for
+// what that means. Restart then returns with the node's replicas (or the
+// node itself, as a replica) in sync, ready to be killed again.
 func (s *Server) Restart() {
 	s.tb.Helper()
+	if err := s.relaunch(); err != nil {
+		s.tb.Fatalf("redistest: restarting %s: %v", s.Addr(), err)
+	}
+	if s.settle != nil {
+		if err := s.settle(); err != nil {
+			s.tb.Fatalf("redistest: %s restarted but did not rejoin: %v", s.Addr(), err)
+		}
+	}
+}
+
+// relaunch kills the process, if running, and launches it on its port.
+func (s *Server) relaunch() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err := s.killLocked(); err != nil {
-		s.tb.Fatalf("redistest: %v", err)
+		return err
 	}
 	var err error
 	// The port can stay busy for a moment after the old process dies.
@@ -252,9 +294,7 @@ func (s *Server) Restart() {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-	if err != nil {
-		s.tb.Fatalf("redistest: restarting %s: %v", s.Addr(), err)
-	}
+	return err
 }
 
 // Pause stops the server with SIGSTOP. The kernel still accepts
@@ -391,7 +431,7 @@ func (s *Server) launchLocked(port int) error {
 			}
 			return err
 		}
-		if pingRaw(addr) == nil {
+		if pingRaw(addr, cmd.Process.Pid) == nil {
 			return nil
 		}
 		if time.Now().After(deadline) {
@@ -402,23 +442,43 @@ func (s *Server) launchLocked(port int) error {
 	}
 }
 
-// pingRaw sends an inline PING over a new connection and expects +PONG.
-func pingRaw(addr string) error {
+// pingRaw sends an inline PING over a new connection and expects +PONG,
+// then checks with INFO server that the process answering is the one with
+// process ID pid: another process may have started a server on the same
+// port a moment earlier, and its PONG must not pass for our server's.
+func pingRaw(addr string, pid int) error {
 	conn, err := net.DialTimeout("tcp", addr, 500*time.Millisecond)
 	if err != nil {
 		return err
 	}
 	defer conn.Close()
 	_ = conn.SetDeadline(time.Now().Add(500 * time.Millisecond))
-	if _, err := conn.Write([]byte("PING\r\n")); err != nil {
+	if _, err := conn.Write([]byte("PING\r\nINFO server\r\n")); err != nil {
 		return err
 	}
-	line, err := bufio.NewReader(conn).ReadString('\n')
+	r := bufio.NewReader(conn)
+	line, err := r.ReadString('\n')
 	if err != nil {
 		return err
 	}
 	if strings.TrimSpace(line) != "+PONG" {
 		return fmt.Errorf("PING answered %q", strings.TrimSpace(line))
+	}
+	// INFO answers with a bulk string: $LENGTH CRLF DATA CRLF.
+	line, err = r.ReadString('\n')
+	if err != nil {
+		return err
+	}
+	n, err := strconv.Atoi(strings.TrimPrefix(strings.TrimSpace(line), "$"))
+	if err != nil || !strings.HasPrefix(line, "$") {
+		return fmt.Errorf("INFO server answered %q", strings.TrimSpace(line))
+	}
+	info := make([]byte, n)
+	if _, err := io.ReadFull(r, info); err != nil {
+		return err
+	}
+	if got := infoField(string(info), "process_id"); got != strconv.Itoa(pid) {
+		return fmt.Errorf("%s is answered by process %s, not by %d", addr, got, pid)
 	}
 	return nil
 }
@@ -495,16 +555,30 @@ func sentinelInstallHint() string {
 // Ports are drawn at random from [minPort, maxPort]. Where possible both the
 // port and port+busPortOffset lie outside the kernel's ephemeral range, so
 // that outgoing connections cannot grab a port while a server is down
-// between Kill and Restart. A port and its bus port are reserved for the
-// life of the Server so that servers started by the same test binary never
-// collide; other processes are detected by test-listening and, if they win
-// a race, by the retry in startFresh.
+// between Kill and Restart.
+//
+// A port and its bus port are reserved for the life of the Server, also
+// while it is killed, and not only among the servers of this test binary:
+// each reserved port is also locked (flock) through a file in
+// os.TempDir()/redistest-ports, so that the other test binaries that
+// `go test ./...` runs at the same time, or tests of another checkout, do
+// not start a server on it either. Without that, another binary could start
+// a cluster node on the port of a master a test has just killed; the killed
+// master's peers would then reach a node with another ID at its address,
+// flag the master "noaddr", stop counting it as failing, and never fail it
+// over. The locks end with the process, however it exits. Processes that
+// start servers by other means are detected by test-listening and, if they
+// win a race, by the retry in startFresh.
 var (
 	portMu       sync.Mutex
-	portReserved = map[int]bool{}
+	portReserved = map[int]*os.File{} // port -> its lock file, nil if none
 	portOnce     sync.Once
 	portChoices  []int
 )
+
+// portLockDir is the directory of the lock files that reserve ports across
+// processes.
+var portLockDir = filepath.Join(os.TempDir(), "redistest-ports")
 
 // reservePort picks and reserves a port whose bus port is also free.
 func reservePort() (int, error) {
@@ -513,14 +587,25 @@ func reservePort() (int, error) {
 	defer portMu.Unlock()
 	for range 1000 {
 		p := portChoices[rand.IntN(len(portChoices))]
-		if portReserved[p] || portReserved[p+busPortOffset] {
+		b := p + busPortOffset
+		if _, ok := portReserved[p]; ok {
 			continue
 		}
-		if !canListen(p) || !canListen(p+busPortOffset) {
+		if _, ok := portReserved[b]; ok {
 			continue
 		}
-		portReserved[p] = true
-		portReserved[p+busPortOffset] = true
+		lp, ok := lockPort(p)
+		if !ok {
+			continue
+		}
+		lb, ok := lockPort(b)
+		if !ok || !canListen(p) || !canListen(b) {
+			closeLock(lp)
+			closeLock(lb)
+			continue
+		}
+		portReserved[p] = lp
+		portReserved[b] = lb
 		return p, nil
 	}
 	return 0, errors.New("no free loopback port found")
@@ -530,8 +615,38 @@ func reservePort() (int, error) {
 func releasePort(p int) {
 	portMu.Lock()
 	defer portMu.Unlock()
-	delete(portReserved, p)
-	delete(portReserved, p+busPortOffset)
+	for _, q := range []int{p, p + busPortOffset} {
+		closeLock(portReserved[q])
+		delete(portReserved, q)
+	}
+}
+
+// lockPort locks port's file in portLockDir. It reports false if another
+// process (or another Server of this one) holds the lock. When the lock
+// file cannot be created at all it reports true with a nil file: the port
+// is then coordinated within this process only.
+func lockPort(port int) (*os.File, bool) {
+	if err := os.MkdirAll(portLockDir, 0o777); err != nil {
+		return nil, true
+	}
+	// Read-only is enough for flock and lets other users lock a file this
+	// user created.
+	f, err := os.OpenFile(filepath.Join(portLockDir, strconv.Itoa(port)), os.O_RDONLY|os.O_CREATE, 0o644)
+	if err != nil {
+		return nil, true
+	}
+	if err := lockFile(f); err != nil {
+		f.Close()
+		return nil, false
+	}
+	return f, true
+}
+
+// closeLock releases a lock taken by lockPort; f may be nil.
+func closeLock(f *os.File) {
+	if f != nil {
+		f.Close()
+	}
 }
 
 // canListen reports whether 127.0.0.1:port can be listened on right now.
@@ -584,6 +699,9 @@ func ephemeralRange() (lo, hi int) {
 
 // queryTimeout bounds each command the helpers send while polling.
 const queryTimeout = 2 * time.Second
+
+// pollInterval is how often the waits for replicas to be in sync check.
+const pollInterval = 100 * time.Millisecond
 
 // adminClient returns a short-lived client for helper queries to addr.
 func adminClient(addr string) *redis.Client {

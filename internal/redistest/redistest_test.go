@@ -5,6 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -123,6 +127,24 @@ func TestPauseResume(t *testing.T) {
 	}
 }
 
+// TestLaunchOnTakenPort checks that a launch on a port another server
+// already answers on fails as a port in use (so that Start picks another
+// port) instead of taking the other server's PONG for its own.
+func TestLaunchOnTakenPort(t *testing.T) {
+	t.Parallel()
+	s := Start(t)
+	other := newServer(t, lookBinary(t, "redis-server", serverInstallHint()), t.TempDir(), func(port int) ([]string, error) {
+		return []string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"}, nil
+	})
+	other.mu.Lock()
+	err := other.launchLocked(s.Port())
+	other.port = 0 // the port is s's: other's cleanup must not release it
+	other.mu.Unlock()
+	if !errors.Is(err, errPortInUse) {
+		t.Fatalf("launch on the port of %s: err = %v, want errPortInUse", s.Addr(), err)
+	}
+}
+
 func TestCluster(t *testing.T) {
 	t.Parallel()
 	start := time.Now()
@@ -161,8 +183,30 @@ func TestCluster(t *testing.T) {
 		t.Fatalf("100 keys landed on %d masters, want 3", len(masters))
 	}
 
-	// Kill the master of key:0: its replica takes over the slot, and the
-	// restarted node rejoins the cluster.
+	// Kill the master of key:0 while a client keeps writing to its slot,
+	// once its replica is in sync: the replica takes over the slot with the
+	// data, and the restarted node rejoins the cluster as its replica.
+	stop := make(chan struct{})
+	writes := make(chan int)
+	go func() {
+		n := 0
+		for {
+			select {
+			case <-stop:
+				writes <- n
+				return
+			default:
+			}
+			ctx, cancel := context.WithTimeout(ctx, time.Second)
+			if c.Incr(ctx, "{key:0}:writes").Err() == nil {
+				n++
+			}
+			cancel()
+		}
+	}()
+	began := time.Now()
+	cl.WaitInSync("key:0")
+	t.Logf("replicas of key:0's master in sync after %v, under writes", time.Since(began))
 	old := cl.MasterFor("key:0")
 	old.Kill()
 	killed := time.Now()
@@ -181,6 +225,11 @@ func TestCluster(t *testing.T) {
 		t.Fatalf("failover: %v", err)
 	}
 	t.Logf("replica %s took over from %s in %v", promoted.Addr(), old.Addr(), time.Since(killed))
+	close(stop)
+	t.Logf("%d writes acknowledged before the failover", <-writes)
+	if got, err := promoted.Client(t).Get(ctx, "key:0").Int(); err != nil || got != 0 {
+		t.Fatalf("GET key:0 on the promoted replica = %d, %v; want 0", got, err)
+	}
 	// A connection refused from the dead master does not make go-redis
 	// reload its slot map (only MOVED does, or the 60 s default
 	// ClusterStateReloadInterval), so ask for a reload explicitly.
@@ -190,14 +239,21 @@ func TestCluster(t *testing.T) {
 	}); err != nil {
 		t.Fatalf("SET through the cluster client after failover: %v", err)
 	}
+	// Restart returns once the node has rejoined as the promoted node's
+	// replica and caught up with it.
 	old.Restart()
-	if err := waitFor(20*time.Second, 100*time.Millisecond, cl.healthy); err != nil {
+	t.Logf("%s back as a replica in sync %v after the kill", old.Addr(), time.Since(killed))
+	if got := replicaOf(t, old); got != promoted.Port() {
+		t.Fatalf("after restart %s replicates port %d, want %s", old.Addr(), got, promoted.Addr())
+	}
+	if err := cl.healthy(ctx); err != nil {
 		t.Fatalf("cluster after restarting %s: %v", old.Addr(), err)
 	}
 	if m := cl.MasterFor("key:0"); m != promoted {
 		t.Fatalf("after restart MasterFor(key:0) = %s, want %s", m.Addr(), promoted.Addr())
 	}
-	t.Logf("cluster healthy again %v after the kill", time.Since(killed))
+	cl.WaitInSync()
+	t.Logf("cluster healthy and in sync again %v after the kill", time.Since(killed))
 }
 
 func TestSentinel(t *testing.T) {
@@ -238,8 +294,14 @@ func TestSentinel(t *testing.T) {
 		t.Fatalf("replica: %v", err)
 	}
 
-	// Kill the master: the sentinel promotes the replica and the failover
-	// client follows it.
+	// Kill the master once the replica is in sync: the sentinel promotes
+	// the replica and the failover client follows it.
+	began := time.Now()
+	s.WaitInSync()
+	t.Logf("replica in sync after %v", time.Since(began))
+	if m := s.CurrentMaster(); m != s.Master() {
+		t.Fatalf("CurrentMaster() = %s, want %s", m.Addr(), s.Master().Addr())
+	}
 	s.Master().Kill()
 	killed := time.Now()
 	sc := redis.NewSentinelClient(&redis.Options{Addr: s.SentinelAddrs()[0]})
@@ -260,6 +322,40 @@ func TestSentinel(t *testing.T) {
 	if got, err := rc.Get(ctx, "k").Result(); err != nil || got != "after" {
 		t.Fatalf("GET on promoted replica = %q, %v; want after", got, err)
 	}
+	if m := s.CurrentMaster(); m != s.Replica() {
+		t.Fatalf("after failover CurrentMaster() = %s, want %s", m.Addr(), s.Replica().Addr())
+	}
+
+	// The old master comes back empty; Restart returns once the sentinel
+	// has made it a replica of the new master and it has caught up.
+	restarted := time.Now()
+	s.Master().Restart()
+	t.Logf("old master %s back as a replica in sync after %v", s.Master().Addr(), time.Since(restarted))
+	if got := replicaOf(t, s.Master()); got != s.Replica().Port() {
+		t.Fatalf("after restart %s replicates port %d, want %s", s.Master().Addr(), got, s.Replica().Addr())
+	}
+	if got, err := s.Master().Client(t).Get(ctx, "k").Result(); err != nil || got != "after" {
+		t.Fatalf("GET on the restarted old master = %q, %v; want after", got, err)
+	}
+	s.WaitInSync()
+}
+
+// replicaOf returns the port of the master that s replicates, or 0 if s is
+// a master.
+func replicaOf(t *testing.T, s *Server) int {
+	t.Helper()
+	info, err := s.Client(t).Info(context.Background(), "replication").Result()
+	if err != nil {
+		t.Fatalf("INFO replication on %s: %v", s.Addr(), err)
+	}
+	if infoField(info, "role") != "slave" {
+		return 0
+	}
+	port, err := strconv.Atoi(infoField(info, "master_port"))
+	if err != nil {
+		t.Fatalf("%s: master_port: %v", s.Addr(), err)
+	}
+	return port
 }
 
 func TestSlotOwner(t *testing.T) {
@@ -280,5 +376,103 @@ e7d1eecce10fd6bb5eb35b9f99a514335d9ba9ca 127.0.0.1:30001@31001 myself,master - 0
 		if port != tc.port || ok != tc.ok {
 			t.Errorf("slotOwner(%d) = %d, %v; want %d, %v", tc.slot, port, ok, tc.port, tc.ok)
 		}
+	}
+
+	// A master that answered with another node ID at its address is
+	// flagged noaddr and loses its address: it serves no key.
+	noaddr := "bbbb :0@0 master,fail?,noaddr - 1 1 2 disconnected 0-5460\n"
+	if port, ok := slotOwner(noaddr, 42); ok {
+		t.Errorf("slotOwner on a noaddr master = %d, want none", port)
+	}
+	if got, want := describeSlot(noaddr, 42), `it is served by bbbb at ":0" flagged master,fail?,noaddr (link disconnected)`; got != want {
+		t.Errorf("describeSlot = %q, want %q", got, want)
+	}
+	if got, want := describeSlot(nodes, 16384), "no node serves it"; got != want {
+		t.Errorf("describeSlot(16384) = %q, want %q", got, want)
+	}
+}
+
+// portHelperEnv names the port that TestPortLockHelperProcess, run as a
+// child of TestPortsReservedAcrossProcesses, tries to lock.
+const portHelperEnv = "REDISTEST_HELPER_LOCK_PORT"
+
+// TestPortsReservedAcrossProcesses checks that a port reserved by this
+// test binary cannot be reserved by another process until it is released.
+func TestPortsReservedAcrossProcesses(t *testing.T) {
+	p, err := reservePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	released := false
+	defer func() {
+		if !released {
+			releasePort(p)
+		}
+	}()
+	tryLock := func(port int) string {
+		t.Helper()
+		cmd := exec.Command(os.Args[0], "-test.run=^TestPortLockHelperProcess$", "-test.v")
+		cmd.Env = append(os.Environ(), portHelperEnv+"="+strconv.Itoa(port))
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("helper process: %v\n%s", err, out)
+		}
+		for _, line := range strings.Split(string(out), "\n") {
+			if v, ok := strings.CutPrefix(strings.TrimSpace(line), "lock:"); ok {
+				return v
+			}
+		}
+		t.Fatalf("helper process printed no result:\n%s", out)
+		return ""
+	}
+	if got := tryLock(p); got != "busy" {
+		t.Fatalf("another process locking reserved port %d: %s, want busy", p, got)
+	}
+	if got := tryLock(p + busPortOffset); got != "busy" {
+		t.Fatalf("another process locking reserved bus port %d: %s, want busy", p+busPortOffset, got)
+	}
+	releasePort(p)
+	released = true
+	if got := tryLock(p); got != "locked" {
+		t.Fatalf("another process locking released port %d: %s, want locked", p, got)
+	}
+}
+
+// TestPortLockHelperProcess runs only as a child process of
+// TestPortsReservedAcrossProcesses: it tries to lock the port it is given.
+func TestPortLockHelperProcess(t *testing.T) {
+	v := os.Getenv(portHelperEnv)
+	if v == "" {
+		t.Skip("helper process for TestPortsReservedAcrossProcesses")
+	}
+	port, err := strconv.Atoi(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, ok := lockPort(port)
+	switch {
+	case !ok:
+		fmt.Println("lock:busy")
+	case f == nil:
+		fmt.Println("lock:unavailable")
+	default:
+		fmt.Println("lock:locked")
+		f.Close()
+	}
+}
+
+func TestListedReplicaState(t *testing.T) {
+	info := "# Replication\r\nrole:master\r\nconnected_slaves:2\r\n" +
+		"slave0:ip=127.0.0.1,port=7001,state=online,offset=1234,lag=0\r\n" +
+		"slave1:ip=127.0.0.1,port=7002,state=wait_bgsave,offset=0,lag=0\r\n" +
+		"master_repl_offset:1234\r\n"
+	for port, want := range map[int]string{7001: "online", 7002: "wait_bgsave", 7003: ""} {
+		if got := listedReplicaState(info, port); got != want {
+			t.Errorf("listedReplicaState(%d) = %q, want %q", port, got, want)
+		}
+	}
+	// A replica's own INFO has slave_* fields but lists no replica.
+	if got := listedReplicaState("role:slave\r\nslave_repl_offset:7001\r\nslave_priority:100\r\n", 7001); got != "" {
+		t.Errorf("listedReplicaState on a replica's INFO = %q, want none", got)
 	}
 }

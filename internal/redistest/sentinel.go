@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -17,8 +18,18 @@ import (
 // monitors the master.
 const SentinelMasterName = "quota-master"
 
-// sentinelReadyTimeout bounds each wait in StartSentinel.
-const sentinelReadyTimeout = 20 * time.Second
+const (
+	// sentinelReadyTimeout bounds each wait in StartSentinel and
+	// [Sentinel.WaitInSync].
+	sentinelReadyTimeout = 20 * time.Second
+	// sentinelRejoinTimeout bounds the wait after restarting a server of a
+	// Sentinel setup. An old master that comes back after a failover is
+	// turned into a replica by the sentinel only once two of its INFO
+	// replies, sent every 10 s, have reported it as a master at least 8 s
+	// apart (4 times the 2 s hello period): about 10 s after the restart,
+	// and then it has to sync.
+	sentinelRejoinTimeout = 40 * time.Second
+)
 
 // Sentinel is a master, one replica and one redis-sentinel monitoring them,
 // started by [StartSentinel]. All processes are killed when the test
@@ -28,6 +39,7 @@ const sentinelReadyTimeout = 20 * time.Second
 // failover-timeout 5000, so after [Server.Kill] on the master the replica is
 // promoted within a few seconds.
 type Sentinel struct {
+	tb        testing.TB
 	master    *Server
 	replica   *Server
 	sentinels []*Server
@@ -36,8 +48,8 @@ type Sentinel struct {
 // StartSentinel starts a master, a replica of it (--replicaof) and one
 // redis-sentinel monitoring the master as "quota-master". It returns once
 // the replica is in sync and the sentinel reports the master and the
-// replica. The sentinel's configuration file lives in its own temporary
-// directory, since sentinel rewrites it.
+// replica, as [Sentinel.WaitInSync] checks. The sentinel's configuration
+// file lives in its own temporary directory, since sentinel rewrites it.
 //
 // The test is skipped (or fails, see [Start]) if redis-server or
 // redis-sentinel is missing.
@@ -55,7 +67,7 @@ func StartSentinel(tb testing.TB) *Sentinel {
 	// the sentinel's first INFO to the master already discovers it instead
 	// of after the 10 s INFO period.
 	if err := waitFor(sentinelReadyTimeout, 50*time.Millisecond, func(ctx context.Context) error {
-		return replicaInSync(ctx, master, replica)
+		return replicationInSync(ctx, master, []*Server{replica})
 	}); err != nil {
 		tb.Fatalf("redistest: replica %s did not sync with %s: %v", replica.Addr(), master.Addr(), err)
 	}
@@ -76,9 +88,12 @@ func StartSentinel(tb testing.TB) *Sentinel {
 	})
 	sent.startFresh()
 
-	s := &Sentinel{master: master, replica: replica, sentinels: []*Server{sent}}
-	if err := waitFor(sentinelReadyTimeout, 50*time.Millisecond, s.ready); err != nil {
+	s := &Sentinel{tb: tb, master: master, replica: replica, sentinels: []*Server{sent}}
+	if err := waitFor(sentinelReadyTimeout, 50*time.Millisecond, s.inSync); err != nil {
 		tb.Fatalf("redistest: sentinel %s not ready: %v", sent.Addr(), err)
+	}
+	for _, srv := range []*Server{master, replica, sent} {
+		srv.settle = func() error { return waitFor(sentinelRejoinTimeout, pollInterval, s.inSync) }
 	}
 	return s
 }
@@ -98,69 +113,140 @@ sentinel parallel-syncs %s 1
 	return os.WriteFile(path, []byte(conf), 0o644)
 }
 
-// replicaInSync checks that replica has finished syncing from master and
-// that master lists it as online.
-func replicaInSync(ctx context.Context, master, replica *Server) error {
-	rc := adminClient(replica.Addr())
-	defer rc.Close()
-	info, err := rc.Info(ctx, "replication").Result()
-	if err != nil {
-		return err
+// WaitInSync waits until the master that the sentinels currently report
+// can be failed over, and fails the test if that does not happen within
+// 20 s. It is meant to be called right before a test kills the master
+// (which, after a failover, is [Sentinel.CurrentMaster], not necessarily
+// [Sentinel.Master]). The master can be failed over when:
+//
+//   - every running, unpaused sentinel reports the same master, one of the
+//     two servers, and does not flag it as down;
+//   - the other server is running, is a replica of that master with its
+//     link up, is listed by the master as online, and has processed the
+//     whole replication stream the master had produced when the check began
+//     (slave_repl_offset at least the master's master_repl_offset);
+//   - every such sentinel lists that replica without a down or
+//     disconnected flag.
+//
+// A replica that has not finished its first sync would otherwise be
+// promoted with none of the master's data, or skipped by the sentinel.
+func (s *Sentinel) WaitInSync() {
+	s.tb.Helper()
+	if err := waitFor(sentinelReadyTimeout, pollInterval, s.inSync); err != nil {
+		s.tb.Fatalf("redistest: sentinel replica not in sync: %v", err)
 	}
-	if st := infoField(info, "master_link_status"); st != "up" {
-		return fmt.Errorf("replica master_link_status is %q", st)
-	}
-	if infoField(info, "master_sync_in_progress") != "0" {
-		return errors.New("replica sync in progress")
-	}
-	mc := adminClient(master.Addr())
-	defer mc.Close()
-	info, err = mc.Info(ctx, "replication").Result()
-	if err != nil {
-		return err
-	}
-	if got := infoField(info, "slave0"); got == "" {
-		return errors.New("master lists no replica")
-	}
-	return nil
 }
 
-// ready checks that every sentinel names the master and knows the replica
-// as a healthy replica.
-func (s *Sentinel) ready(ctx context.Context) error {
+// CurrentMaster returns the server that the sentinels currently report as
+// master: [Sentinel.Master] until a failover, [Sentinel.Replica] after
+// one. It fails the test if the sentinels cannot tell or disagree.
+func (s *Sentinel) CurrentMaster() *Server {
+	s.tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), queryTimeout)
+	defer cancel()
+	m, _, err := s.current(ctx)
+	if err != nil {
+		s.tb.Fatalf("redistest: %v", err)
+	}
+	return m
+}
+
+// current asks every running, unpaused sentinel for the master and returns
+// it and the other server.
+func (s *Sentinel) current(ctx context.Context) (master, replica *Server, err error) {
+	var addr string
 	for _, sent := range s.sentinels {
-		sc := redis.NewSentinelClient(&redis.Options{
-			Addr:        sent.Addr(),
-			DialTimeout: queryTimeout, ReadTimeout: queryTimeout, WriteTimeout: queryTimeout,
-			MaxRetries: -1, DisableIdentity: true,
-		})
-		err := sentinelReady(ctx, sc, s.master.Addr(), s.replica.Port())
+		if !sent.Running() || sent.Paused() {
+			continue
+		}
+		sc := sentinelClient(sent.Addr())
+		a, err := sc.GetMasterAddrByName(ctx, SentinelMasterName).Result()
 		sc.Close()
 		if err != nil {
-			return fmt.Errorf("%s: %w", sent.Addr(), err)
+			return nil, nil, fmt.Errorf("sentinel %s: SENTINEL GET-MASTER-ADDR-BY-NAME: %w", sent.Addr(), err)
+		}
+		if len(a) != 2 {
+			return nil, nil, fmt.Errorf("sentinel %s reports master %v", sent.Addr(), a)
+		}
+		got := net.JoinHostPort(a[0], a[1])
+		if addr != "" && got != addr {
+			return nil, nil, fmt.Errorf("sentinels disagree on the master: %s and %s", addr, got)
+		}
+		addr = got
+	}
+	switch addr {
+	case "":
+		return nil, nil, errors.New("no sentinel is running")
+	case s.master.Addr():
+		return s.master, s.replica, nil
+	case s.replica.Addr():
+		return s.replica, s.master, nil
+	}
+	return nil, nil, fmt.Errorf("sentinels report master %s, which is neither %s nor %s", addr, s.master.Addr(), s.replica.Addr())
+}
+
+// inSync is the check of WaitInSync.
+func (s *Sentinel) inSync(ctx context.Context) error {
+	master, replica, err := s.current(ctx)
+	if err != nil {
+		return err
+	}
+	for _, srv := range []*Server{master, replica} {
+		if !srv.Running() || srv.Paused() {
+			return fmt.Errorf("%s is not running", srv.Addr())
+		}
+	}
+	if err := replicationInSync(ctx, master, []*Server{replica}); err != nil {
+		return err
+	}
+	for _, sent := range s.sentinels {
+		if !sent.Running() || sent.Paused() {
+			continue
+		}
+		sc := sentinelClient(sent.Addr())
+		err := sentinelSees(ctx, sc, replica.Port())
+		sc.Close()
+		if err != nil {
+			return fmt.Errorf("sentinel %s: %w", sent.Addr(), err)
 		}
 	}
 	return nil
 }
 
-func sentinelReady(ctx context.Context, sc *redis.SentinelClient, masterAddr string, replicaPort int) error {
-	addr, err := sc.GetMasterAddrByName(ctx, SentinelMasterName).Result()
+// sentinelClient returns a short-lived client for helper queries to the
+// sentinel at addr.
+func sentinelClient(addr string) *redis.SentinelClient {
+	return redis.NewSentinelClient(&redis.Options{
+		Addr:        addr,
+		DialTimeout: queryTimeout, ReadTimeout: queryTimeout, WriteTimeout: queryTimeout,
+		MaxRetries: -1, PoolSize: 1, DisableIdentity: true,
+	})
+}
+
+// sentinelSees checks that the sentinel does not flag the master as down
+// and lists the replica on replicaPort as a reachable replica.
+func sentinelSees(ctx context.Context, sc *redis.SentinelClient, replicaPort int) error {
+	m, err := sc.Master(ctx, SentinelMasterName).Result()
 	if err != nil {
-		return fmt.Errorf("SENTINEL GET-MASTER-ADDR-BY-NAME: %w", err)
+		return fmt.Errorf("SENTINEL MASTER: %w", err)
 	}
-	if len(addr) != 2 || addr[0]+":"+addr[1] != masterAddr {
-		return fmt.Errorf("sentinel reports master %v, want %s", addr, masterAddr)
+	if m["flags"] != "master" {
+		return fmt.Errorf("master %s:%s flagged %s", m["ip"], m["port"], m["flags"])
 	}
 	replicas, err := sc.Replicas(ctx, SentinelMasterName).Result()
 	if err != nil {
 		return fmt.Errorf("SENTINEL REPLICAS: %w", err)
 	}
 	for _, r := range replicas {
-		if r["port"] == strconv.Itoa(replicaPort) && r["flags"] == "slave" && r["master-link-status"] == "ok" {
-			return nil
+		if r["port"] != strconv.Itoa(replicaPort) {
+			continue
 		}
+		if r["flags"] != "slave" {
+			return fmt.Errorf("replica %s:%s flagged %s", r["ip"], r["port"], r["flags"])
+		}
+		return nil
 	}
-	return fmt.Errorf("sentinel does not list replica port %d as healthy: %v", replicaPort, replicas)
+	return fmt.Errorf("sentinel does not list replica port %d: %v", replicaPort, replicas)
 }
 
 // MasterName returns the name under which the sentinel monitors the master,
@@ -183,7 +269,8 @@ func (s *Sentinel) Sentinels() []*Server {
 }
 
 // Master returns the server started as master. After a failover it may have
-// become a replica (or be dead); ask the sentinel for the current master.
+// become a replica (or be dead); [Sentinel.CurrentMaster] returns the
+// current master.
 func (s *Sentinel) Master() *Server { return s.master }
 
 // Replica returns the server started as replica. After a failover it may
