@@ -85,20 +85,26 @@ func TestClusterFailover(t *testing.T) {
 	cluster := redistest.StartCluster(t, 3, 1)
 	ws := newWorkersOn(t, 4, Limit{Rate: 20, Burst: 8}, FallbackLocal(4), func() redis.Scripter {
 		return cluster.Client(t, func(o *redis.ClusterOptions) {
-			o.DialTimeout, o.ReadTimeout, o.WriteTimeout, o.PoolTimeout = 100*time.Millisecond, 100*time.Millisecond, 100*time.Millisecond, 100*time.Millisecond
+			o.DialTimeout, o.ReadTimeout, o.WriteTimeout, o.PoolTimeout = 500*time.Millisecond, 500*time.Millisecond, 500*time.Millisecond, 500*time.Millisecond
 			o.MaxRetries, o.DialerRetries, o.ContextTimeoutEnabled = -1, 1, true
 		})
 	})
-	failover(t, ws, func(rkey string) { cluster.MasterFor(rkey).Kill() })
+	failover(t, ws, func(rkey string) {
+		cluster.WaitInSync(rkey) // a replica that has not caught up cannot take over
+		cluster.MasterFor(rkey).Kill()
+	})
 }
 
 func TestSentinelFailover(t *testing.T) {
 	s := redistest.StartSentinel(t)
 	ws := newWorkersOn(t, 4, Limit{Rate: 20, Burst: 8}, FallbackLocal(4), func() redis.Scripter {
 		return s.FailoverClient(t, func(o *redis.FailoverOptions) {
-			o.DialTimeout, o.ReadTimeout, o.WriteTimeout, o.PoolTimeout = 100*time.Millisecond, 100*time.Millisecond, 100*time.Millisecond, 100*time.Millisecond
+			o.DialTimeout, o.ReadTimeout, o.WriteTimeout, o.PoolTimeout = 500*time.Millisecond, 500*time.Millisecond, 500*time.Millisecond, 500*time.Millisecond
 			o.MaxRetries, o.DialerRetries, o.ContextTimeoutEnabled = -1, 1, true
 		})
 	})
-	failover(t, ws, func(string) { s.Master().Kill() })
+	failover(t, ws, func(string) {
+		s.WaitInSync()
+		s.CurrentMaster().Kill()
+	})
 }

@@ -55,6 +55,15 @@ func (p *provider) between(from, to time.Time) []time.Time {
 	return out
 }
 
+// faultOptions are a limiter's Redis client options for the tests that
+// break Redis under a running fleet: those of the README, with timeouts
+// long enough that two busy cores do not pass for an outage.
+func faultOptions(addr string) *redis.Options {
+	o := limiterOptions(addr)
+	o.DialTimeout, o.ReadTimeout, o.WriteTimeout, o.PoolTimeout = 500*time.Millisecond, 500*time.Millisecond, 500*time.Millisecond, 500*time.Millisecond
+	return o
+}
+
 // worker is one member of the fleet.
 type worker struct {
 	tr   *Transport
@@ -63,7 +72,7 @@ type worker struct {
 
 func newWorkers(t *testing.T, n int, addr string, lim Limit, p Policy, opts func(*redis.Options)) []worker {
 	return newWorkersOn(t, n, lim, p, func() redis.Scripter {
-		o := limiterOptions(addr)
+		o := faultOptions(addr)
 		if opts != nil {
 			opts(o)
 		}
@@ -230,7 +239,7 @@ func TestFaultHung(t *testing.T) {
 			lim := Limit{Rate: 10_000, Burst: 10_000}
 			cmds := newCmdCounter()
 			ws := newWorkersOn(t, 2, lim, FallbackLocal(2), func() redis.Scripter {
-				o := limiterOptions(addr)
+				o := faultOptions(addr)
 				o.ReadTimeout, o.WriteTimeout = readTimeout, readTimeout
 				rdb := redis.NewClient(o)
 				rdb.AddHook(cmds)

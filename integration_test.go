@@ -324,7 +324,7 @@ func (spec workerSpec) client() redis.UniversalClient {
 	}
 	o := &redis.Options{Addr: spec.Addr}
 	if spec.Faults {
-		o = limiterOptions(spec.Addr)
+		o = faultOptions(spec.Addr)
 	}
 	o.PoolSize = spec.Goroutines
 	return redis.NewClient(o)

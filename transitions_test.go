@@ -367,7 +367,7 @@ func staggeredRecovery(t *testing.T, together bool) (got, limit int, spread time
 	ws := newWorkersOn(t, workers, lim, FallbackLocal(workers), func() redis.Scripter {
 		p := faultproxy.New(t, srv.Addr())
 		proxies = append(proxies, p)
-		rdb := redis.NewClient(limiterOptions(p.Addr()))
+		rdb := redis.NewClient(faultOptions(p.Addr()))
 		t.Cleanup(func() { rdb.Close() })
 		return rdb
 	})
