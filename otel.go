@@ -29,6 +29,7 @@ const (
 	attrRoundTrips = attribute.Key("quota.redis.round_trips")
 	attrLimiter    = attribute.Key("quota.limiter")
 	attrUpdate     = attribute.Key("quota.update")
+	attrPause      = attribute.Key("quota.pause.seconds")
 	attrErrorType  = attribute.Key("error.type")
 )
 

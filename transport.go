@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Transport is an http.RoundTripper that waits for a token from the
@@ -72,17 +73,20 @@ func (t *Transport) learn(ctx context.Context, name string, lims []Limit, cost f
 	var b bucket // set below, before any update runs
 	st := t.limiter.store
 	now := time.Now()
+	pause := func(d time.Duration) update {
+		return update{updatePause, func(ctx context.Context) error {
+			d := min(d, t.cfg.maxPause)
+			trace.SpanFromContext(ctx).SetAttributes(attrPause.Float64(d.Seconds()))
+			return st.pause(ctx, b, d)
+		}}
+	}
 	if d, ok := retryAfter(resp, now); ok && t.cfg.maxPause > 0 {
-		us = append(us, update{updatePause, func(ctx context.Context) error {
-			return st.pause(ctx, b, min(d, t.cfg.maxPause))
-		}})
+		us = append(us, pause(d))
 	}
 	if t.cfg.providerHeaders {
 		if remaining, reset, ok := rateLimitHeaders(resp.Header, now); ok {
 			if remaining < 1 && reset > 0 && t.cfg.maxPause > 0 {
-				us = append(us, update{updatePause, func(ctx context.Context) error {
-					return st.pause(ctx, b, min(reset, t.cfg.maxPause))
-				}})
+				us = append(us, pause(reset))
 			} else {
 				us = append(us, update{updateLower, func(ctx context.Context) error {
 					return st.lower(ctx, b, remaining)
