@@ -9,6 +9,8 @@ import (
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"go.opentelemetry.io/otel/metric/noop"
 )
 
 // newTestBreaker returns a breaker whose questions to Redis are answered
@@ -193,6 +195,27 @@ func TestLocalShares(t *testing.T) {
 		ls.granted("d", 0)
 		if _, ok := ls.queues.Load("d"); ok {
 			t.Error("a grant without a wait was remembered")
+		}
+	})
+}
+
+// TestUpdateFailuresLoggedOnceAMinute: every failed update is counted, and
+// logged at most once a minute, with the failures since the last record.
+func TestUpdateFailuresLoggedOnceAMinute(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		logs := &logRecorder{}
+		var u updates
+		u.init(config{logger: slog.New(logs)}, "test", noop.NewMeterProvider().Meter(ScopeName))
+		for range 180 { // one a second for three minutes
+			u.failed(updatePause, errDown)
+			time.Sleep(time.Second)
+		}
+		recs := logs.all("a bucket update failed")
+		if len(recs) != 3 {
+			t.Fatalf("%d records of 180 failures in three minutes, want one a minute:\n%s", len(recs), logs)
+		}
+		if first, second := attrInt(recs[0], "earlier_failures"), attrInt(recs[1], "earlier_failures"); first != 0 || second != 59 {
+			t.Errorf("the records count %d and %d earlier failures, want 0 and 59", first, second)
 		}
 	})
 }

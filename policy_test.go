@@ -57,6 +57,19 @@ func (h *logRecorder) first(msg string) (slog.Record, bool) {
 	return slog.Record{}, false
 }
 
+// all returns the records whose message contains msg.
+func (h *logRecorder) all(msg string) []slog.Record {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var out []slog.Record
+	for _, r := range h.recs {
+		if strings.Contains(r.Message, msg) {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
 // last returns the last record whose message contains msg.
 func (h *logRecorder) last(msg string) (slog.Record, bool) {
 	h.mu.Lock()
