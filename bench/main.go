@@ -13,8 +13,9 @@
 // For each it reports the uncontended latency (median and p99), the
 // acquisitions per second of 64 goroutines, the heap allocations per
 // acquisition, and, with 50 and 200 goroutines contending for a low-rate
-// bucket, the Redis commands per grant and the most grants in any 1-second
-// window against the bound Burst + Rate.
+// bucket, the Redis commands per grant, the most grants in any 1-second
+// window against the bound Burst + Rate, and whether any window held more
+// grants than Burst + Rate x its length (exact).
 //
 //	go run .          # the full run, about a minute
 //	go run . -short   # a smoke run of a few seconds
@@ -61,17 +62,28 @@ type peerResult struct {
 	swarms   []contention  // in the order of config.swarms
 }
 
-// run starts redis-server, measures every peer on it, stops it and writes
-// the table to out; progress goes to log.
+// run measures every peer and writes the table to out; progress goes to
+// log.
 func run(ctx context.Context, cfg config, out, log io.Writer) error {
-	srv, err := startServer(ctx, cfg.redisServer)
+	version, results, err := measureAll(ctx, cfg, log)
 	if err != nil {
 		return err
+	}
+	writeTable(out, cfg, version, results)
+	return nil
+}
+
+// measureAll starts redis-server, measures every peer on it and stops it.
+// It returns the server's version and the results in the order of peers.
+func measureAll(ctx context.Context, cfg config, log io.Writer) (string, []peerResult, error) {
+	srv, err := startServer(ctx, cfg.redisServer)
+	if err != nil {
+		return "", nil, err
 	}
 	defer srv.stop()
 	version, err := serverVersion(ctx, srv.addr)
 	if err != nil {
-		return err
+		return "", nil, err
 	}
 	fmt.Fprintf(log, "bench: redis-server %s on %s\n", version, srv.addr)
 
@@ -80,15 +92,14 @@ func run(ctx context.Context, cfg config, out, log io.Writer) error {
 		results[i].peer = p
 	}
 	if err := runUncontended(ctx, cfg, srv.addr, results, log); err != nil {
-		return err
+		return "", nil, err
 	}
 	for i := range results {
 		if err := runContended(ctx, cfg, srv.addr, &results[i], i, log); err != nil {
-			return err
+			return "", nil, err
 		}
 	}
-	writeTable(out, cfg, version, results)
-	return nil
+	return version, results, nil
 }
 
 // serverVersion returns the server's redis_version.

@@ -30,9 +30,10 @@ type latency struct {
 type contention struct {
 	goroutines int
 	grants     int
-	commands   int64 // Redis commands, connection set-up excluded
-	maxIn1s    int   // most grants in any 1-second window
-	bound      int   // Burst + Rate over 1 s plus stampSlack
+	commands   int64   // Redis commands, connection set-up excluded
+	maxIn1s    int     // most grants in any 1-second window
+	bound      int     // Burst + Rate over 1 s plus stampSlack
+	excess     float64 // the most grants in any window above Burst + Rate x its length; see overIssue
 }
 
 // perGrant returns the Redis commands sent per grant.
@@ -154,13 +155,17 @@ func redisCPU(ctx context.Context, rdb *redis.Client) (time.Duration, error) {
 	return total, nil
 }
 
+// A grant is one acquisition of a contended run: when it was called and
+// when it returned. The bucket granted it at some instant in between.
+type grant struct{ called, granted time.Time }
+
 // swarm runs goroutines that each acquire in a loop until d has passed,
-// all starting together, and returns the sorted instants of the grants. An
-// acquisition in flight at the end is waited for and counted.
-func swarm(ctx context.Context, goroutines int, d time.Duration, acquire acquireFunc) ([]time.Time, error) {
+// all starting together, and returns their grants, in the order they were
+// granted. An acquisition in flight at the end is waited for and counted.
+func swarm(ctx context.Context, goroutines int, d time.Duration, acquire acquireFunc) ([]grant, error) {
 	var (
 		mu     sync.Mutex
-		grants []time.Time
+		grants []grant
 		wg     sync.WaitGroup
 		errs   = make(chan error, goroutines)
 	)
@@ -170,20 +175,21 @@ func swarm(ctx context.Context, goroutines int, d time.Duration, acquire acquire
 		wg.Go(func() {
 			time.Sleep(time.Until(start))
 			for time.Now().Before(end) {
+				called := time.Now()
 				if err := acquire(ctx); err != nil {
 					errs <- err
 					return
 				}
-				now := time.Now()
+				g := grant{called: called, granted: time.Now()}
 				mu.Lock()
-				grants = append(grants, now)
+				grants = append(grants, g)
 				mu.Unlock()
 			}
 		})
 	}
 	wg.Wait()
 	close(errs)
-	slices.SortFunc(grants, func(a, b time.Time) int { return a.Compare(b) })
+	slices.SortFunc(grants, func(a, b grant) int { return a.granted.Compare(b.granted) })
 	return grants, <-errs
 }
 
@@ -193,6 +199,10 @@ func measureContention(ctx context.Context, p peer, addr, key string, lim limit,
 	var n atomic.Int64
 	rdb := newClient(addr, &n)
 	defer rdb.Close()
+	if err := warmPool(ctx, rdb); err != nil {
+		return contention{}, err
+	}
+	n.Store(0)
 	grants, err := swarm(ctx, goroutines, d, p.newAcquire(rdb, key, lim))
 	if err != nil {
 		return contention{}, fmt.Errorf("%s, %d goroutines: %w", p.name, goroutines, err)
@@ -203,15 +213,60 @@ func measureContention(ctx context.Context, p peer, addr, key string, lim limit,
 		commands:   n.Load(),
 		maxIn1s:    maxInWindow(grants, time.Second),
 		bound:      bound(lim, time.Second+stampSlack),
+		excess:     overIssue(grants, lim),
 	}, nil
+}
+
+// warmPool fills rdb's connection pool with PINGs from as many goroutines
+// as it holds connections, as a client that has been running for a while
+// has it: the acquisitions of a contended run then take their tokens at
+// once instead of dialling first, which would loosen the windows overIssue
+// checks by the time the dials took.
+func warmPool(ctx context.Context, rdb *redis.Client) error {
+	var wg sync.WaitGroup
+	errs := make(chan error, rdb.Options().PoolSize)
+	for range rdb.Options().PoolSize {
+		wg.Go(func() { errs <- rdb.Ping(ctx).Err() })
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// overIssue returns the most grants, in any window [a, b], above what a
+// bucket of lim may grant in it, Burst + Rate x (b - a), counting only the
+// grants known to lie in the window: those called at a or later and
+// returned by b. It is at most 0 for an exact limiter, however late its
+// callers wake, since a grant returns after the bucket granted it and is
+// called before. A window that starts at a grant's return instead, as
+// maxInWindow's do, is shortened when that caller wakes late, and on a
+// loaded machine holds more than the bound without any over-issue.
+func overIssue(grants []grant, lim limit) float64 {
+	byCall := slices.SortedFunc(slices.Values(grants), func(a, b grant) int { return a.called.Compare(b.called) })
+	worst := math.Inf(-1)
+	var returned []time.Time // of the grants called at a or later, sorted
+	for i := len(byCall) - 1; i >= 0; i-- {
+		a := byCall[i].called
+		at, _ := slices.BinarySearchFunc(returned, byCall[i].granted, time.Time.Compare)
+		returned = slices.Insert(returned, at, byCall[i].granted)
+		for n, b := range returned {
+			worst = max(worst, float64(n+1)-float64(lim.Burst)-lim.Rate*b.Sub(a).Seconds())
+		}
+	}
+	return worst
 }
 
 // maxInWindow returns the largest number of grants in any window of length
 // w, closed at both ends.
-func maxInWindow(grants []time.Time, w time.Duration) int {
+func maxInWindow(grants []grant, w time.Duration) int {
 	best, j := 0, 0
 	for i := range grants {
-		for j < len(grants) && grants[j].Sub(grants[i]) <= w {
+		for j < len(grants) && grants[j].granted.Sub(grants[i].granted) <= w {
 			j++
 		}
 		best = max(best, j-i)

@@ -84,6 +84,7 @@ type phaseResult struct {
 	reports    []workerReport
 	outages    int           // workers' records of Redis becoming unavailable
 	recoveries int           // and of it being available again
+	served     int           // requests the workers' policy served during the outage, as their recovery records say
 	killed     time.Duration // when Redis was killed, since start; 0 if it was not
 	restarted  time.Duration // when it was started again
 	pauseSent  time.Duration // when the provider sent the 429 asking for a pause, since start; 0 if it did not
@@ -120,7 +121,7 @@ func (d *demo) runPhase(ctx context.Context, ph phase) (phaseResult, error) {
 	}
 	res.reports = reports
 	res.arrivals = d.prov.Between(start, end.Add(50*time.Millisecond))
-	res.outages, res.recoveries = logs.counts()
+	res.outages, res.recoveries, res.served = logs.counts()
 	return res, err
 }
 

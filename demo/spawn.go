@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -94,6 +95,7 @@ type logRelay struct {
 	mu         sync.Mutex
 	outages    int // "quota: Redis unavailable" records
 	recoveries int // "quota: Redis available again" records
+	served     int // the requests the policy served, summed over the recovery records
 }
 
 // relay copies r to the relay's writer line by line until r ends.
@@ -107,6 +109,7 @@ func (l *logRelay) relay(id int, r io.Reader) {
 			l.outages++
 		case strings.Contains(line, `msg="quota: Redis available again`):
 			l.recoveries++
+			l.served += servedIn(line)
 		}
 		l.mu.Unlock()
 		l.printf("worker %d | %s", id, line)
@@ -119,9 +122,23 @@ func (l *logRelay) printf(format string, args ...any) {
 	fmt.Fprintf(l.w, "  %+5.1fs  %s\n", at, fmt.Sprintf(format, args...))
 }
 
-// counts returns how many outage and recovery records were relayed.
-func (l *logRelay) counts() (outages, recoveries int) {
+// counts returns how many outage and recovery records were relayed, and
+// how many requests the recovery records say the policy served during the
+// outage.
+func (l *logRelay) counts() (outages, recoveries, served int) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.outages, l.recoveries
+	return l.outages, l.recoveries, l.served
+}
+
+// servedIn returns the served attribute of a recovery record, 0 if it has
+// none.
+func servedIn(line string) int {
+	_, v, ok := strings.Cut(line, " served=")
+	if !ok {
+		return 0
+	}
+	v, _, _ = strings.Cut(v, " ")
+	n, _ := strconv.Atoi(v)
+	return n
 }

@@ -54,6 +54,7 @@ type phaseSummary struct {
 	RestartedAtS  float64 `json:"restarted_at_s,omitempty"`
 	OutageLogs    int     `json:"outage_logs"`   // WARN "quota: Redis unavailable…" records from the workers
 	RecoveryLogs  int     `json:"recovery_logs"` // INFO "quota: Redis available again…" records
+	LocalServed   int     `json:"local_served"`  // requests the local shares granted during the outage, as the recovery records count them
 	WorkersShared int     `json:"workers_shared_at_end"`
 
 	Pause *pauseSummary `json:"pause,omitempty"` // in the phase in which the provider asks for a pause
@@ -136,7 +137,7 @@ func summarize(c config, results []phaseResult) summary {
 			}
 		}
 		p.WaitP50MS, p.WaitP99MS = percentile(waits, 50), percentile(waits, 99)
-		p.OutageLogs, p.RecoveryLogs = r.outages, r.recoveries
+		p.OutageLogs, p.RecoveryLogs, p.LocalServed = r.outages, r.recoveries, r.served
 		switch r.mode {
 		case modeShared:
 			p.Checked = true
@@ -182,8 +183,12 @@ func (s summary) writeTable(w io.Writer) {
 	fmt.Fprintln(w, "wait: how long requests waited for their limiter before they were sent.")
 	for _, p := range s.Phases {
 		if p.RedisKilled {
-			fmt.Fprintf(w, "Phase 3: Redis killed at %.1fs and restarted at %.1fs; %d of %d workers logged the outage (WARN),\n  %d the recovery (INFO); %d ended on the shared bucket.\n",
-				p.KilledAtS, p.RestartedAtS, p.OutageLogs, s.Workers, p.RecoveryLogs, p.WorkersShared)
+			requests := "requests"
+			if p.LocalServed == 1 {
+				requests = "request"
+			}
+			fmt.Fprintf(w, "Phase 3: Redis killed at %.1fs and restarted at %.1fs; %d of %d workers logged the outage (WARN),\n  %d the recovery (INFO); the local shares granted %d %s meanwhile; %d ended on the shared bucket.\n",
+				p.KilledAtS, p.RestartedAtS, p.OutageLogs, s.Workers, p.RecoveryLogs, p.LocalServed, requests, p.WorkersShared)
 		}
 		if p.Pause != nil {
 			s.writePause(w, p)

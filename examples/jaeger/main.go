@@ -14,8 +14,9 @@
 // token nested inside) and, after each wait has ended, the HTTP client span
 // of that attempt. The bucket holds 2 tokens and refills 5 a second, so
 // later requests wait for their tokens; the provider answers its first
-// request with 429 and Retry-After: 1, so one trace shows a retry that
-// waits for a token of its own.
+// request with 429 and Retry-After: 2, so one trace shows the pause that
+// 429 puts on the bucket and a retry, with a token of its own, two seconds
+// later.
 package main
 
 import (
@@ -31,6 +32,7 @@ import (
 	"os"
 	"os/signal"
 	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -131,7 +133,7 @@ func run(ctx context.Context, cfg config, out io.Writer) (err error) {
 	// that most of the requests, sent at once, wait for theirs.
 	client := retryablehttp.NewClient()
 	client.Logger = nil // the traces tell what happened
-	client.HTTPClient.Transport = quota.NewTransport(rdb, quota.Limit{Rate: 5, Burst: 2},
+	client.HTTPClient.Transport = quota.NewTransport(rdb, bucket,
 		quota.WithBase(otelhttp.NewTransport(http.DefaultTransport, otelhttp.WithTracerProvider(tp))),
 		quota.WithTracerProvider(tp))
 	// Retry what retryablehttp retries, except quota's permanent refusals.
@@ -191,15 +193,25 @@ func handshake(cmd redis.Cmder) bool {
 	return false
 }
 
+// bucket is the limit the requests share: 2 tokens, refilled at 5 a
+// second, small so that most of the requests, sent at once, wait.
+var bucket = quota.Limit{Rate: 5, Burst: 2}
+
+// retryAfter is the pause the provider asks for with its one 429. Two
+// seconds is longer than the bucket's queue (the eighth request waits 1.2
+// s) and than retryablehttp's shortest backoff (1 s), so the retry's delay
+// is the pause and nothing else.
+const retryAfter = 2 * time.Second
+
 // newProvider starts the local stand-in for a geocoding API on 127.0.0.1.
 // Each answer takes about 20 ms. Its own rate limiter rejects the first
-// request once, with 429 and Retry-After: 1, as a provider's limiter may
-// briefly disagree with the client's.
+// request once, with 429 and Retry-After (retryAfter), as a provider's
+// limiter may briefly disagree with the client's.
 func newProvider() *httptest.Server {
 	var requests atomic.Int64
 	return httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if requests.Add(1) == 1 {
-			w.Header().Set("Retry-After", "1")
+			w.Header().Set("Retry-After", strconv.Itoa(int(retryAfter.Seconds())))
 			http.Error(w, "rate limit exceeded", http.StatusTooManyRequests)
 			return
 		}
