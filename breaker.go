@@ -170,24 +170,17 @@ func (br *breaker) remind(cause error) {
 
 // close ends the outage: Redis answered.
 func (br *breaker) close() {
-	br.mu.Lock()
-	since := br.since
-	br.mu.Unlock()
-	br.state.Store(int32(ModeShared))
-	if br.closed != nil {
-		br.closed()
-	}
-	br.logger.LogAttrs(context.Background(), slog.LevelInfo, "quota: Redis available again, the shared bucket resumed",
-		slog.String("redis", br.client),
-		slog.Duration("after", time.Since(since).Round(time.Millisecond)),
-		slog.Int64("served", br.served.Load()),
-		slog.Int64("refused", br.refused.Load()),
-	)
+	br.reset(slog.LevelInfo, "quota: Redis available again, the shared bucket resumed")
 }
 
 // halfOpen stops reporting an outage that nobody has checked for br.idle:
 // the next request asks Redis itself.
 func (br *breaker) halfOpen() {
+	br.reset(slog.LevelWarn, "quota: no request for "+br.idle.String()+"; the next one asks Redis again")
+}
+
+// reset returns the breaker to the shared bucket and logs why.
+func (br *breaker) reset(level slog.Level, msg string) {
 	br.mu.Lock()
 	since := br.since
 	br.mu.Unlock()
@@ -195,9 +188,8 @@ func (br *breaker) halfOpen() {
 	if br.closed != nil {
 		br.closed()
 	}
-	br.logger.LogAttrs(context.Background(), slog.LevelWarn, "quota: no request for a while; the next one asks Redis again",
+	br.logger.LogAttrs(context.Background(), level, msg,
 		slog.String("redis", br.client),
-		slog.Duration("idle", br.idle),
 		slog.Duration("after", time.Since(since).Round(time.Millisecond)),
 		slog.Int64("served", br.served.Load()),
 		slog.Int64("refused", br.refused.Load()),
