@@ -138,9 +138,20 @@ func TestOverloadKeepsFirstComeFirstServed(t *testing.T) {
 // another Limiter's callers are already sleeping on behind it, each by the
 // pause, so that they keep their order and the bucket's rate.
 func TestPauseMovesSleepers(t *testing.T) {
-	srv := redistest.Start(t)
+	t.Run("server", func(t *testing.T) {
+		srv := redistest.Start(t)
+		pauseMovesSleepers(t, srv.Client(t), srv.Client(t))
+	})
+	// On a Cluster the announcement is SPUBLISH and SSUBSCRIBE, in the
+	// bucket's slot.
+	t.Run("cluster", func(t *testing.T) {
+		cl := redistest.StartCluster(t, 3, 0)
+		pauseMovesSleepers(t, cl.Client(t), cl.Client(t))
+	})
+}
+
+func pauseMovesSleepers(t *testing.T, rdb, other redis.UniversalClient) {
 	const callers = 12
-	rdb := srv.Client(t, func(o *redis.Options) { o.PoolSize = callers })
 	var mu sync.Mutex
 	due := make([]time.Time, callers) // when each grant fell due before the pause
 	rdb.AddHook(replyHook{seen: func(i int, at time.Time, reply any) {
@@ -149,7 +160,7 @@ func TestPauseMovesSleepers(t *testing.T) {
 		due[i], _ = dueOf(at, reply)
 	}})
 	a := NewLimiter(rdb)
-	b := NewLimiter(srv.Client(t))
+	b := NewLimiter(other)
 	lim := Limit{Rate: 20, Burst: 2}
 	bk, _ := b.bucket("sleepers", []Limit{lim})
 
