@@ -85,8 +85,10 @@ type subscriber interface {
 }
 
 // add registers a caller sleeping on a grant of bucket key taken at
-// takenAt, and listens on the bucket's channel if nobody does yet.
-func (ss *sleepers) add(key string, takenAt int64) *sleeper {
+// takenAt, and listens on the bucket's channel if nobody does yet; the
+// Redis calls that start listening run in ctx, the caller's, so that a
+// tracing hook nests them under the caller's wait.
+func (ss *sleepers) add(ctx context.Context, key string, takenAt int64) *sleeper {
 	s := &sleeper{takenAt: takenAt, moved: make(chan struct{}, 1)}
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
@@ -100,7 +102,7 @@ func (ss *sleepers) add(key string, takenAt int64) *sleeper {
 		}
 		ch = &channel{sleeping: make(map[*sleeper]struct{})}
 		ss.m[key] = ch
-		go ss.listen(key, ch)
+		go ss.listen(context.WithoutCancel(ctx), key, ch)
 	}
 	if ch.idle != nil {
 		ch.idle.Stop()
@@ -148,9 +150,8 @@ func (ss *sleepers) remove(key string, s *sleeper) {
 // subscribed, it reads the pause in force, if any, from its record: an
 // announcement made before the subscription, which the first callers to
 // sleep on a bucket would otherwise miss.
-func (ss *sleepers) listen(key string, ch *channel) {
+func (ss *sleepers) listen(ctx context.Context, key string, ch *channel) {
 	name := key + channelSuffix
-	ctx := context.Background()
 	var sub *redis.PubSub
 	switch c := ss.rdb.(type) {
 	case *redis.ClusterClient:
@@ -247,7 +248,7 @@ func (l *Limiter) sleepOn(ctx context.Context, b bucket, g grant) (time.Duration
 		return 0, nil
 	}
 	due := time.Now().Add(g.wait)
-	s := l.sleepers.add(b.keys[0], g.takenAt(b))
+	s := l.sleepers.add(ctx, b.keys[0], g.takenAt(b))
 	defer l.sleepers.remove(b.keys[0], s)
 	deadline, hasDeadline := ctx.Deadline()
 	t := time.NewTimer(time.Until(due.Add(s.moves())))
