@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"math"
 	"net/http"
@@ -261,18 +262,39 @@ func TestScriptFlushMidRun(t *testing.T) {
 	}
 }
 
-// The worker process: the test binary re-executed with workerEnv set runs
-// goroutines against one bucket and prints a workerReport as JSON.
+// The worker process: the test binary re-executed with workerEnv set. It
+// builds its Redis client and its way of acquiring from the workerSpec in
+// its environment, pings Redis, then says so on stdout with the line
+// workerReady and waits for a workerStart on stdin. Only when every worker
+// is ready does the parent send them the instant to start at, so a run
+// never depends on how long a loaded machine takes to start a process.
+// Each worker then runs its goroutines against the bucket and prints a
+// workerReport as JSON.
 
-const workerEnv = "QUOTA_TEST_WORKER"
+const (
+	workerEnv   = "QUOTA_TEST_WORKER"
+	workerReady = "ready"
 
+	// workerReadyTimeout bounds how long a worker may take to start, build
+	// its client and reach Redis: a race-enabled binary on two busy cores
+	// takes seconds.
+	workerReadyTimeout = 60 * time.Second
+	// workerStartMargin is how far ahead of the moment every worker is
+	// ready the parent sets the start: time for each to read its line.
+	workerStartMargin = 100 * time.Millisecond
+	// workerEndTimeout bounds how long after its run a worker may take to
+	// report.
+	workerEndTimeout = 60 * time.Second
+)
+
+// workerSpec tells a worker process what to run. New kinds of acquisition
+// add fields here and a case to acquirer.
 type workerSpec struct {
 	Addr       string   // a single server
 	Cluster    []string // or the nodes of a Cluster
 	Key        string
 	Limit      Limit
 	Goroutines int
-	Start      time.Time
 	Duration   time.Duration
 	Naive      bool
 	Layers     []Limit // more Limits the bucket obeys, taken with WaitAll
@@ -281,54 +303,93 @@ type workerSpec struct {
 	Headers    bool    // with WithProviderHeaders
 }
 
+// workerStart is the parent's go-ahead, sent on a worker's stdin once every
+// worker is ready.
+type workerStart struct {
+	Start time.Time // when the worker's goroutines begin
+}
+
 type workerReport struct {
 	Grants   []time.Time
 	Commands int64
 	Err      string
 }
 
-func runWorker() int {
-	var spec workerSpec
-	if err := json.Unmarshal([]byte(os.Getenv(workerEnv)), &spec); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 2
-	}
-	cmds := newCmdCounter()
-	var rdb redis.UniversalClient
+// client returns the Redis client the spec names.
+func (spec workerSpec) client() redis.UniversalClient {
 	if spec.Cluster != nil {
-		rdb = redis.NewClusterClient(&redis.ClusterOptions{Addrs: spec.Cluster, PoolSize: spec.Goroutines})
-	} else {
-		rdb = redis.NewClient(&redis.Options{Addr: spec.Addr, PoolSize: spec.Goroutines})
+		return redis.NewClusterClient(&redis.ClusterOptions{Addrs: spec.Cluster, PoolSize: spec.Goroutines})
 	}
-	defer rdb.Close()
-	rdb.AddHook(cmds)
-	l := NewLimiter(rdb)
+	return redis.NewClient(&redis.Options{Addr: spec.Addr, PoolSize: spec.Goroutines})
+}
+
+// options returns the Limiter's options.
+func (spec workerSpec) options() []Option {
+	var opts []Option
+	if spec.Headers {
+		opts = append(opts, WithProviderHeaders())
+	}
+	return opts
+}
+
+// acquirer returns how each of the worker's goroutines acquires one grant
+// through rdb: WaitAll on the spec's layers by default.
+func (spec workerSpec) acquirer(rdb redis.UniversalClient) acquireFunc {
 	cost := spec.Cost
 	if cost == 0 {
 		cost = 1
 	}
-	acquire := func(ctx context.Context) error {
-		return l.WaitAll(ctx, spec.Key, cost, append([]Limit{spec.Limit}, spec.Layers...)...)
-	}
-	if spec.URL != "" {
-		var opts []Option
-		if spec.Headers {
-			opts = append(opts, WithProviderHeaders())
-		}
-		client := &http.Client{Transport: NewTransport(rdb, spec.Limit, opts...)}
-		acquire = func(ctx context.Context) error {
-			resp, err := client.Get(spec.URL)
+	lims := append([]Limit{spec.Limit}, spec.Layers...)
+	switch {
+	case spec.Naive:
+		l := NewLimiter(rdb, spec.options()...)
+		key, _ := bucketKey(l.cfg.prefix, spec.Key)
+		return func(ctx context.Context) error { return naiveWait(ctx, rdb.(*redis.Client), key, spec.Limit) }
+	case spec.URL != "":
+		client := &http.Client{Transport: NewTransport(rdb, spec.Limit, spec.options()...)}
+		return func(ctx context.Context) error {
+			req, err := http.NewRequestWithContext(ctx, "GET", spec.URL, nil)
+			if err != nil {
+				return err
+			}
+			resp, err := client.Do(req)
 			if err == nil {
 				resp.Body.Close()
 			}
 			return err
 		}
+	default:
+		l := NewLimiter(rdb, spec.options()...)
+		return func(ctx context.Context) error { return l.WaitAll(ctx, spec.Key, cost, lims...) }
 	}
-	if spec.Naive {
-		key, _ := bucketKey(l.cfg.prefix, spec.Key)
-		acquire = func(ctx context.Context) error { return naiveWait(ctx, rdb.(*redis.Client), key, spec.Limit) }
+}
+
+func runWorker() int {
+	var spec workerSpec
+	if err := json.Unmarshal([]byte(os.Getenv(workerEnv)), &spec); err != nil {
+		fmt.Fprintln(os.Stderr, "worker:", err)
+		return 2
 	}
-	grants, err := swarm(context.Background(), spec.Goroutines, spec.Start, spec.Duration, acquire)
+	rdb := spec.client()
+	defer rdb.Close()
+	acquire := spec.acquirer(rdb)
+	ctx, cancel := context.WithTimeout(context.Background(), workerReadyTimeout)
+	err := rdb.Ping(ctx).Err()
+	cancel()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "worker: Redis does not answer:", err)
+		return 2
+	}
+	cmds := newCmdCounter() // counts from here: the run's commands only
+	rdb.AddHook(cmds)
+
+	fmt.Println(workerReady)
+	var start workerStart
+	if err := json.NewDecoder(os.Stdin).Decode(&start); err != nil {
+		fmt.Fprintln(os.Stderr, "worker: no start from the parent:", err)
+		return 2
+	}
+	grants, err := swarm(context.Background(), spec.Goroutines, start.Start, spec.Duration, acquire)
 	rep := workerReport{Grants: grants, Commands: int64(cmds.total())}
 	if err != nil {
 		rep.Err = err.Error()
@@ -337,18 +398,30 @@ func runWorker() int {
 	return 0
 }
 
-// runWorkers runs procs worker processes and returns their reports.
+// runWorkers runs procs worker processes of spec and returns their reports.
+// It starts them all, waits until every one is ready, then starts their
+// runs at the same instant.
 func runWorkers(t *testing.T, procs int, spec workerSpec) []workerReport {
 	t.Helper()
-	spec.Start = time.Now().Add(500 * time.Millisecond) // after every process is up
-	env, _ := json.Marshal(spec)
-	cmds := make([]*exec.Cmd, procs)
-	outs := make([]*bufio.Reader, procs)
-	for i := range cmds {
+	env, err := json.Marshal(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type proc struct {
+		cmd   *exec.Cmd
+		in    io.WriteCloser
+		out   *bufio.Reader
+		ready chan error
+	}
+	ps := make([]proc, procs)
+	for i := range ps {
 		cmd := exec.Command(os.Args[0], "-test.run=^$")
 		cmd.Env = append(os.Environ(), workerEnv+"="+string(env))
 		cmd.Stderr = os.Stderr
-		t.Cleanup(func() { _ = cmd.Process.Kill() }) // a worker left behind by a failure
+		in, err := cmd.StdinPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
 		out, err := cmd.StdoutPipe()
 		if err != nil {
 			t.Fatal(err)
@@ -356,14 +429,50 @@ func runWorkers(t *testing.T, procs int, spec workerSpec) []workerReport {
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
-		cmds[i], outs[i] = cmd, bufio.NewReader(out)
+		t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }) // a worker left behind by a failure
+		ps[i] = proc{cmd: cmd, in: in, out: bufio.NewReader(out), ready: make(chan error, 1)}
+		go func(p proc) {
+			line, err := p.out.ReadString('\n')
+			if err == nil && line != workerReady+"\n" {
+				err = fmt.Errorf("said %q, want %q", line, workerReady)
+			}
+			p.ready <- err
+		}(ps[i])
 	}
-	reports := make([]workerReport, procs)
-	for i, cmd := range cmds {
-		if err := json.NewDecoder(outs[i]).Decode(&reports[i]); err != nil {
+	timeout := time.NewTimer(workerReadyTimeout)
+	defer timeout.Stop()
+	for i, p := range ps {
+		select {
+		case err := <-p.ready:
+			if err != nil {
+				t.Fatalf("worker %d is not ready: %v", i, err)
+			}
+		case <-timeout.C:
+			t.Fatalf("worker %d is not ready after %v", i, workerReadyTimeout)
+		}
+	}
+	start, _ := json.Marshal(workerStart{Start: time.Now().Add(workerStartMargin)})
+	for i, p := range ps {
+		if _, err := fmt.Fprintf(p.in, "%s\n", start); err != nil {
 			t.Fatalf("worker %d: %v", i, err)
 		}
-		if err := cmd.Wait(); err != nil {
+		p.in.Close()
+	}
+
+	// A worker that does not report in time is killed, which ends its
+	// output and fails the decoding below.
+	kill := time.AfterFunc(workerStartMargin+spec.Duration+workerEndTimeout, func() {
+		for _, p := range ps {
+			_ = p.cmd.Process.Kill()
+		}
+	})
+	defer kill.Stop()
+	reports := make([]workerReport, procs)
+	for i, p := range ps {
+		if err := json.NewDecoder(p.out).Decode(&reports[i]); err != nil {
+			t.Fatalf("worker %d: no report: %v", i, err)
+		}
+		if err := p.cmd.Wait(); err != nil {
 			t.Fatalf("worker %d: %v", i, err)
 		}
 		if reports[i].Err != "" {
