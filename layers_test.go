@@ -158,6 +158,7 @@ func TestWeightedAcrossProcesses(t *testing.T) {
 // its headers read, three processes stop bursting after their first
 // requests; without them they spend the bucket's burst.
 func TestProviderHeadersAcrossProcesses(t *testing.T) {
+	const burst = 30
 	run := func(headers bool) int {
 		srv := redistest.Start(t)
 		var mu sync.Mutex
@@ -170,17 +171,20 @@ func TestProviderHeadersAcrossProcesses(t *testing.T) {
 		}))
 		defer prov.Close()
 		runWorkers(t, 3, workerSpec{Addr: srv.Addr(), Key: strings.TrimPrefix(prov.URL, "http://"), URL: prov.URL, Headers: headers,
-			Limit: Limit{Rate: 1, Burst: 10}, Goroutines: 1, Duration: 2 * time.Second})
+			Limit: Limit{Rate: 1, Burst: burst}, Goroutines: 1, Duration: 2 * time.Second})
 		mu.Lock()
 		defer mu.Unlock()
 		return arrivals
 	}
 	plain, following := run(false), run(true)
-	t.Logf("3 processes, a provider counting none remaining, a bucket of 10 at 1/s for 2s: %d requests without the headers, %d following them", plain, following)
-	// Without the headers the burst of 10 goes out at once; following them,
-	// the first three requests and then the refill of one a second (the
-	// callers still waiting when the run ends come on top of both).
-	if plain < 10 || following > plain/2 {
-		t.Errorf("%d requests following the provider's count, %d without: want the burst of 10 without, and at most half that following", following, plain)
+	t.Logf("3 processes, a provider counting none remaining, a bucket of %d at 1/s for 2s: %d requests without the headers, %d following them", burst, plain, following)
+	// Without the headers the burst goes out at once. Following them, the
+	// first three requests, then the refill of one a second, and the
+	// callers still waiting when the run ends: 7. The bucket is lowered in
+	// the background, so a process's next take may reach Redis before the
+	// lowering does and spend a token of the burst: a few more on a loaded
+	// machine, never the burst.
+	if plain < burst || following > plain/2 {
+		t.Errorf("%d requests following the provider's count, %d without: want the burst of %d without, and at most half that following", following, plain, burst)
 	}
 }
