@@ -333,8 +333,10 @@ func (spec workerSpec) options() []Option {
 }
 
 // acquirer returns how each of the worker's goroutines acquires one grant
-// through rdb: WaitAll on the spec's layers by default.
-func (spec workerSpec) acquirer(rdb redis.UniversalClient) acquireFunc {
+// through rdb, WaitAll on the spec's layers by default, and what to call
+// after the run, before the client is closed: it waits for the Limiter's
+// work in the background (bucket updates from a provider's answers).
+func (spec workerSpec) acquirer(rdb redis.UniversalClient) (acquire acquireFunc, settle func()) {
 	cost := spec.Cost
 	if cost == 0 {
 		cost = 1
@@ -342,11 +344,11 @@ func (spec workerSpec) acquirer(rdb redis.UniversalClient) acquireFunc {
 	lims := append([]Limit{spec.Limit}, spec.Layers...)
 	switch {
 	case spec.Naive:
-		l := NewLimiter(rdb, spec.options()...)
-		key, _ := bucketKey(l.cfg.prefix, spec.Key)
-		return func(ctx context.Context) error { return naiveWait(ctx, rdb.(*redis.Client), key, spec.Limit) }
+		key, _ := bucketKey(DefaultPrefix, spec.Key)
+		return func(ctx context.Context) error { return naiveWait(ctx, rdb.(*redis.Client), key, spec.Limit) }, func() {}
 	case spec.URL != "":
-		client := &http.Client{Transport: NewTransport(rdb, spec.Limit, spec.options()...)}
+		tr := NewTransport(rdb, spec.Limit, spec.options()...)
+		client := &http.Client{Transport: tr}
 		return func(ctx context.Context) error {
 			req, err := http.NewRequestWithContext(ctx, "GET", spec.URL, nil)
 			if err != nil {
@@ -357,10 +359,10 @@ func (spec workerSpec) acquirer(rdb redis.UniversalClient) acquireFunc {
 				resp.Body.Close()
 			}
 			return err
-		}
+		}, tr.Limiter().updates.wg.Wait
 	default:
 		l := NewLimiter(rdb, spec.options()...)
-		return func(ctx context.Context) error { return l.WaitAll(ctx, spec.Key, cost, lims...) }
+		return func(ctx context.Context) error { return l.WaitAll(ctx, spec.Key, cost, lims...) }, l.updates.wg.Wait
 	}
 }
 
@@ -372,9 +374,9 @@ func runWorker() int {
 	}
 	rdb := spec.client()
 	defer rdb.Close()
-	acquire := spec.acquirer(rdb)
+	acquire, settle := spec.acquirer(rdb)
 	ctx, cancel := context.WithTimeout(context.Background(), workerReadyTimeout)
-	err := rdb.Ping(ctx).Err()
+	err := warmUp(ctx, rdb, spec.Key, spec.Goroutines)
 	cancel()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "worker: Redis does not answer:", err)
@@ -390,12 +392,44 @@ func runWorker() int {
 		return 2
 	}
 	grants, err := swarm(context.Background(), spec.Goroutines, start.Start, spec.Duration, acquire)
+	settle()
 	rep := workerReport{Grants: grants, Commands: int64(cmds.total())}
 	if err != nil {
 		rep.Err = err.Error()
 	}
 	json.NewEncoder(os.Stdout).Encode(rep)
 	return 0
+}
+
+// warmUp pings Redis and dials n connections on the node that holds the
+// bucket called name: n goroutines block side by side for a moment on a
+// list beside the bucket, in its hash slot. A swarm then starts without
+// dialling, and its first takes reach Redis when they are sent, not a
+// connection later.
+func warmUp(ctx context.Context, rdb redis.UniversalClient, name string, n int) error {
+	if err := rdb.Ping(ctx).Err(); err != nil {
+		return err
+	}
+	key, err := bucketKey(DefaultPrefix, name)
+	if err != nil {
+		return err
+	}
+	errs := make(chan error, n)
+	for range n {
+		go func() {
+			err := rdb.BLPop(ctx, 50*time.Millisecond, key+":warm-up").Err()
+			if errors.Is(err, redis.Nil) {
+				err = nil
+			}
+			errs <- err
+		}()
+	}
+	for range n {
+		if e := <-errs; e != nil {
+			err = e
+		}
+	}
+	return err
 }
 
 // runWorkers runs procs worker processes of spec and returns their reports.
