@@ -401,31 +401,116 @@ func TestThroughputUnderSaturation(t *testing.T) {
 }
 
 func TestReportedWaitIsExact(t *testing.T) {
-	rdb := redistest.Start(t).Client(t)
-	l := NewLimiter(rdb)
+	rdb := newServerClient(t)
 	ctx := context.Background()
-	for _, lim := range []Limit{{Rate: 10, Burst: 5}, {Rate: 3, Burst: 2}, {Rate: 250, Burst: 20}} {
-		key, _ := bucketKey(l.cfg.prefix, fmt.Sprintf("exact-%v", lim.Rate))
-		interval := time.Duration(float64(time.Second) / lim.Rate)
-		start := time.Now()
-		if _, _, err := l.store.take(ctx, oneLayer(key, lim), lim.Burst, 0); err != nil {
-			t.Fatal(err)
-		}
-		r, _, err := l.store.take(ctx, oneLayer(key, lim), 1, time.Minute)
+	// take takes n tokens and returns the grant and what dueHook saw of it.
+	take := func(l *Limiter, b bucket, n float64) (grant, *dueRecord) {
+		t.Helper()
+		tctx, rec := withDueRecord(ctx)
+		g, _, err := l.store.take(tctx, b, n, time.Minute)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if off := r.wait - interval; off > 5*time.Millisecond || off < -5*time.Millisecond {
-			t.Errorf("%v: reported wait %v after exhausting the bucket, true refill interval %v", lim, r.wait, interval)
+		if !g.granted || rec.Due.IsZero() {
+			t.Fatalf("%v tokens refused, or no due instant (%+v)", n, rec)
 		}
-		// A waiter is granted within a few milliseconds of its token accruing.
-		if err := l.Wait(ctx, fmt.Sprintf("exact-%v", lim.Rate), lim); err != nil {
+		return g, rec
+	}
+	// near reports whether d is within the script's microsecond rounding
+	// of want.
+	near := func(d, want time.Duration) bool { return (d - want).Abs() <= 2*time.Microsecond }
+	// within reports whether at falls in the round trip of the take rec
+	// saw, give or take the script's rounding.
+	within := func(at time.Time, rec *dueRecord) bool {
+		return !at.Before(rec.Sent.Add(-2*time.Microsecond)) && !at.After(rec.Replied.Add(2*time.Microsecond))
+	}
+	// attempts runs try until it reports that the machine did not stall
+	// between the takes for longer than the bucket remembers them.
+	attempts := func(lim Limit, try func(name string) bool) int {
+		t.Helper()
+		for i := 1; i <= 10; i++ {
+			if try(fmt.Sprintf("exact-%v-%d", lim, i)) {
+				return i
+			}
+		}
+		t.Fatalf("%v: the machine stalled between the takes of each of 10 attempts", lim)
+		return 0
+	}
+	for _, lim := range []Limit{{Rate: 10, Burst: 5}, {Rate: 3, Burst: 2}, {Rate: 250, Burst: 20}} {
+		interval := time.Duration(float64(time.Second) / lim.Rate)
+		full := time.Duration(lim.Burst / lim.Rate * float64(time.Second))
+
+		// The caller's clock, stopped: after the bucket is emptied, the
+		// wait for one more token is the refill interval, to the
+		// microsecond, however long the machine takes between the takes
+		// (unless it takes so long that the emptied bucket expires).
+		frozen := time.Now()
+		clocked := NewLimiter(rdb, WithClock(func() time.Time { return frozen }))
+		var clockedWait time.Duration
+		attempts(lim, func(name string) bool {
+			b, _ := clocked.bucket(name+"-clock", []Limit{lim})
+			take(clocked, b, lim.Burst)
+			g, rec := take(clocked, b, 1)
+			clockedWait = g.wait
+			return rec.Waited
+		})
+		if want := interval.Round(time.Microsecond); clockedWait != want {
+			t.Errorf("%v, caller's clock: reported wait %v after the bucket was emptied, want the interval %v", lim, clockedWait, want)
+		}
+
+		// The server's clock: the script's now is not in the reply, but
+		// the tats say when the first take emptied the bucket, and each
+		// wait when its take was made (its grant less the wait): both
+		// must fall within the round trips of those takes. The second
+		// take queues a burst behind the first, so that the third, of one
+		// token, still waits after a stall of the machine between them;
+		// the grants fall due a burst and then an interval apart.
+		l := NewLimiter(rdb)
+		var (
+			name            string
+			empty, third    *dueRecord
+			g3              grant
+			emptied, queued time.Time
+		)
+		tries := attempts(lim, func(n string) bool {
+			name = n
+			b, _ := l.bucket(name, []Limit{lim})
+			var second *dueRecord
+			_, empty = take(l, b, lim.Burst)
+			_, second = take(l, b, lim.Burst)
+			g3, third = take(l, b, 1)
+			if !second.Waited || !third.Waited {
+				return false
+			}
+			emptied, queued = time.UnixMicro(g3.tats[0]).Add(-2*full-interval), second.Due
+			return true
+		})
+		taken := third.Due.Add(-g3.wait)
+		if !within(emptied, empty) {
+			t.Errorf("%v: the tats put the emptying take %v into its round trip of %v", lim, emptied.Sub(empty.Sent), empty.Replied.Sub(empty.Sent))
+		}
+		if !within(taken, third) {
+			t.Errorf("%v: reported wait %v puts its take %v into its round trip of %v", lim, g3.wait, taken.Sub(third.Sent), third.Replied.Sub(third.Sent))
+		}
+		if !near(queued.Sub(emptied), full) || !near(third.Due.Sub(queued), interval) {
+			t.Errorf("%v: the queued burst fell due %v after the bucket was emptied and the next token %v after it, want %v and %v",
+				lim, queued.Sub(emptied), third.Due.Sub(queued), full, interval)
+		}
+
+		// A waiter wakes when its token accrues: never before, and after
+		// no longer than the machine takes to wake it.
+		wctx, fourth := withDueRecord(ctx)
+		if err := l.Wait(wctx, name, lim); err != nil {
 			t.Fatal(err)
 		}
-		late := time.Since(start) - 2*interval
-		t.Logf("%v: reported %v for %v; second waiter granted %v after its token accrued", lim, r.wait, interval, late)
-		if late < -time.Millisecond || late > 20*time.Millisecond {
-			t.Errorf("%v: granted %v after the token accrued, want within a few milliseconds", lim, late)
+		late := time.Since(fourth.Due)
+		if fourth.Waited && !near(fourth.Due.Sub(third.Due), interval) {
+			t.Errorf("%v: consecutive tokens fell due %v apart, want %v", lim, fourth.Due.Sub(third.Due), interval)
+		}
+		t.Logf("%v: caller's clock: reported %v for an interval of %v; server's clock (attempt %d): the take %v into a round trip of %v, the emptying %v into one of %v; the waiter woke %v after its token accrued",
+			lim, clockedWait, interval, tries, taken.Sub(third.Sent), third.Replied.Sub(third.Sent), emptied.Sub(empty.Sent), empty.Replied.Sub(empty.Sent), late)
+		if late < -time.Microsecond || late > maxJitter {
+			t.Errorf("%v: the waiter woke %v after its token accrued, want between 0 and %v", lim, late, maxJitter)
 		}
 	}
 }
