@@ -699,7 +699,7 @@ func warmUp(ctx context.Context, rdb redis.UniversalClient, name string, n int) 
 	errs := make(chan error, n)
 	for range n {
 		go func() {
-			err := rdb.BLPop(ctx, 50*time.Millisecond, key+":warm-up").Err()
+			err := rdb.Do(ctx, "blpop", key+":warm-up", "0.05").Err() // (BLPop rounds up to a second)
 			if errors.Is(err, redis.Nil) {
 				err = nil
 			}
