@@ -363,29 +363,29 @@ func TestThroughputUnderSaturation(t *testing.T) {
 	rdb := newServerClient(t)
 	l := NewLimiter(rdb)
 	lim := Limit{Rate: 100, Burst: 10}
-	warm(t, rdb, "saturated", 20)
-	grants, err := swarm(context.Background(), 20, time.Now(), 3*time.Second, func(ctx context.Context) error {
+	const callers = 100 // a queue a second deep
+	warm(t, rdb, "saturated", callers)
+	grants, err := swarm(context.Background(), callers, time.Now(), 3*time.Second, func(ctx context.Context) error {
 		return l.Wait(ctx, "saturated", lim)
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	// The rate is measured on the due instants, from the first grant that
-	// waited to the last: 20 callers keep the queue full, so the script
-	// grants one every 1/Rate, whenever the callers wake. A caller that
-	// wakes late costs nothing unless all of them are late by more than
-	// the queue (200 ms) and the burst (100 ms) absorb.
-	due, first, last := dues(t, grants), time.Time{}, time.Time{}
+	// waited to the last: the callers keep the queue full, so the script
+	// grants one every 1/Rate, whenever they wake. Late callers cost
+	// nothing unless all of them are late by more than the queue (1 s)
+	// and the burst (100 ms) absorb, longer than checkJitter allows.
+	var waited []time.Time
 	for _, g := range grants {
-		if g.Waited && (first.IsZero() || g.Due.Before(first)) {
-			first = g.Due
-		}
-		if g.Waited && g.Due.After(last) {
-			last = g.Due
+		if g.Waited {
+			waited = append(waited, g.Due)
 		}
 	}
+	slices.SortFunc(waited, func(a, b time.Time) int { return a.Compare(b) })
+	first, last := waited[0], waited[len(waited)-1]
 	n := 0
-	for _, d := range due {
+	for _, d := range dues(t, grants) {
 		if d.After(first) && !d.After(last) {
 			n++
 		}
@@ -395,6 +395,20 @@ func TestThroughputUnderSaturation(t *testing.T) {
 	t.Logf("sustained %.3f grants/s over %v against a rate of %v; %d grants", rate, span.Round(time.Millisecond), lim.Rate, len(grants))
 	if math.Abs(rate-lim.Rate)/lim.Rate > 0.01 || span < 2900*time.Millisecond {
 		t.Errorf("sustained %.3f/s over %v, want within 1%% of %v over at least 2.9s", rate, span, lim.Rate)
+	}
+	// Each grant that waited fell due one interval after the grant before
+	// it, if that one waited too: the queue loses no slot and skips none.
+	byDue := slices.Clone(grants)
+	slices.SortFunc(byDue, func(a, b stamp) int { return a.Due.Compare(b.Due) })
+	interval := time.Duration(float64(time.Second) / lim.Rate)
+	for i := 1; i < len(byDue); i++ {
+		if !byDue[i].Waited || !byDue[i-1].Waited {
+			continue
+		}
+		if gap := byDue[i].Due.Sub(byDue[i-1].Due); (gap - interval).Abs() > 2*time.Microsecond {
+			t.Errorf("grant %d of %d fell due %v after the one before it, want %v", i+1, len(byDue), gap, interval)
+			break
+		}
 	}
 	logAtOnce(t, grants)
 	checkJitter(t, grants)
