@@ -282,3 +282,24 @@ func takeDue(cmd redis.Cmder, sent time.Time) (tk takeGrant, ok bool) {
 	}
 	return tk, false
 }
+
+// stoppedClock is a clock for WithClock that moves only when told to, so
+// that a bucket accrues nothing while the machine is slow.
+type stoppedClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func newStoppedClock() *stoppedClock { return &stoppedClock{now: time.Now()} }
+
+func (c *stoppedClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *stoppedClock) advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = c.now.Add(d)
+}

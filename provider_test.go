@@ -200,6 +200,27 @@ func TestRetryAfterIsNotDoubledByRetryablehttp(t *testing.T) {
 	var _ retryablehttp.CheckRetry = CheckRetry(retryablehttp.DefaultRetryPolicy)
 }
 
+// tokensAtOnce returns a function that counts, taking them, the tokens
+// the bucket called name holds now, as a worker with l sees it.
+func tokensAtOnce(t *testing.T, l *Limiter, name string, lim Limit) func(n float64) int {
+	return func(n float64) int {
+		t.Helper()
+		b, err := l.bucket(name, []Limit{lim})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := 0; ; i++ {
+			g, _, err := l.store.take(context.Background(), b, n, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !g.granted {
+				return i
+			}
+		}
+	}
+}
+
 func TestProviderHeadersLowerTheBucket(t *testing.T) {
 	_, rdb, _ := newMini(t)
 	var remaining atomic.Int64
@@ -208,37 +229,26 @@ func TestProviderHeadersLowerTheBucket(t *testing.T) {
 	})
 	name, _ := Host(httptest.NewRequest("GET", prov.URL, nil))
 	lim := Limit{Rate: 1, Burst: 10}
-	tr := NewTransport(rdb, lim, WithProviderHeaders())
-	other := NewLimiter(rdb)
-	tokensLeft := func() int {
-		n := 0
-		for {
-			ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
-			err := other.Wait(ctx, name, lim)
-			cancel()
-			if err != nil {
-				return n
-			}
-			n++
-		}
-	}
+	clock := newStoppedClock() // nothing accrues unless the test says so
+	tr := NewTransport(rdb, lim, WithProviderHeaders(), WithClock(clock.Now))
+	tokensLeft := tokensAtOnce(t, NewLimiter(rdb, WithClock(clock.Now)), name, lim)
 
 	// The provider counts 3 left where the bucket holds 9: lowered to 3.
 	remaining.Store(3)
 	if err := getVia(t, tr, context.Background(), prov.URL, nil); err != nil {
 		t.Fatal(err)
 	}
-	if n := tokensLeft(); n != 3 {
+	if n := tokensLeft(1); n != 3 {
 		t.Errorf("%d tokens after the provider said 3 remain, want 3", n)
 	}
 	// The provider counts more than the bucket holds: never raised.
 	remaining.Store(100)
-	time.Sleep(1100 * time.Millisecond) // one token accrues
+	clock.advance(1100 * time.Millisecond) // one token accrues
 	if err := getVia(t, tr, context.Background(), prov.URL, nil); err != nil {
 		t.Fatal(err)
 	}
-	if n := tokensLeft(); n != 0 {
-		t.Errorf("%d tokens after the provider said 100 remain, want the bucket's 0", n)
+	if n := tokensLeft(0.1); n != 1 {
+		t.Errorf("%d tenths of a token after the provider said 100 remain, want the bucket's 1", n)
 	}
 }
 
@@ -254,13 +264,9 @@ func TestCostAndSettle(t *testing.T) {
 		f, err := strconv.ParseFloat(resp.Header.Get("X-Usage"), 64)
 		return f, err == nil
 	}
-	tr := NewTransport(rdb, lim, WithCost(cost), WithSettle(settle))
-	other := NewLimiter(rdb)
-	canTake := func(n float64) bool {
-		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
-		defer cancel()
-		return other.WaitN(ctx, name, lim, n) == nil
-	}
+	clock := newStoppedClock() // nothing accrues unless the test says so
+	tr := NewTransport(rdb, lim, WithCost(cost), WithSettle(settle), WithClock(clock.Now))
+	tokens := tokensAtOnce(t, NewLimiter(rdb, WithClock(clock.Now)), name, lim)
 	send := func(estimate, real string) error {
 		return getVia(t, tr, context.Background(), prov.URL, http.Header{"X-Estimate": {estimate}, "X-Real": {real}})
 	}
@@ -269,16 +275,16 @@ func TestCostAndSettle(t *testing.T) {
 	if err := send("5", "2"); err != nil {
 		t.Fatal(err)
 	}
-	if canTake(8.5) || !canTake(8) {
-		t.Error("after an estimate of 5 settled at 2, want 8 tokens left")
+	if n := tokens(0.5); n != 16 {
+		t.Errorf("after an estimate of 5 settled at 2, %d half tokens left, want 16", n)
 	}
 	// The bucket is empty; wait for 6, then estimate 2, really 6.
-	time.Sleep(6 * time.Second / 1)
+	clock.advance(6 * time.Second)
 	if err := send("2", "6"); err != nil {
 		t.Fatal(err)
 	}
-	if canTake(0.5) {
-		t.Error("after an estimate of 2 settled at 6, want no token left")
+	if n := tokens(0.1); n != 0 {
+		t.Errorf("after an estimate of 2 settled at 6, %d tenths of a token left, want none", n)
 	}
 
 	cmds.reset()
