@@ -178,6 +178,44 @@ func checkExact(t *testing.T, what string, due []time.Time, lim Limit, w time.Du
 	return got
 }
 
+// minSpacing returns the shortest time between the due instants, in the
+// script's clock, of two grants that waited, and how many waited.
+func minSpacing(grants []stamp) (time.Duration, int) {
+	var due []time.Time
+	for _, g := range grants {
+		if g.Waited {
+			due = append(due, g.Due)
+		}
+	}
+	slices.SortFunc(due, func(a, b time.Time) int { return a.Compare(b) })
+	least := time.Duration(math.MaxInt64)
+	for i := 1; i < len(due); i++ {
+		least = min(least, due[i].Sub(due[i-1]))
+	}
+	return least, len(due)
+}
+
+// checkSpacing asserts that no two grants that waited, of cost tokens
+// each, fell due closer than cost/rate apart, where rate is the fastest
+// layer's. Each take that waits moves every layer's tat on by at least
+// cost/rate_i, and falls due when the slowest layer allows, so this holds
+// whatever else the callers do; it is the window bound at the scale of a
+// single interval, where an over-issue of a few percent shows at any
+// rate. Grants at once (a burst) are not spaced.
+func checkSpacing(t *testing.T, grants []stamp, cost, rate float64) {
+	t.Helper()
+	least, n := minSpacing(grants)
+	interval := time.Duration(cost / rate * float64(time.Second))
+	if n < 2 {
+		t.Errorf("%d grants waited, want a queue", n)
+		return
+	}
+	t.Logf("%d grants waited, at least %v apart (interval %v)", n, least, interval)
+	if least < interval-2*time.Microsecond {
+		t.Errorf("two grants fell due %v apart, want at least the interval %v", least, interval)
+	}
+}
+
 // checkJitter asserts that no caller woke before its grant fell due, which
 // would be the limiter's fault, and that none woke more than maxJitter
 // after, which is the machine's; it logs the distribution.
@@ -226,6 +264,7 @@ func checkSwarm(t *testing.T, grants []stamp, lim Limit, d time.Duration) {
 	got := checkExact(t, "due instants", dues(t, grants), lim, time.Second, 1)
 	t.Logf("%d grants in %v; at most %d due in any 1s window (bound %d); at most %d woke in one",
 		len(grants), d, got, bound(lim, time.Second), maxInWindow(wakes(grants), time.Second))
+	checkSpacing(t, grants, 1, lim.Rate)
 	logAtOnce(t, grants)
 	checkJitter(t, grants)
 	lim, _ = lim.resolve()
@@ -301,10 +340,14 @@ func checkCatchesNaive(t *testing.T, what string, grants []stamp, lim Limit) {
 	t.Helper()
 	due := dues(t, grants)
 	got, limit := maxInWindow(due, time.Second), bound(lim, time.Second+dueRounding)
-	t.Logf("naive get-then-set %s: %d grants, at most %d due in a 1s window (bound %d), %d woke in one",
-		what, len(grants), got, limit, maxInWindow(wakes(grants), time.Second))
+	least, _ := minSpacing(grants)
+	t.Logf("naive get-then-set %s: %d grants, at most %d due in a 1s window (bound %d), %d woke in one; grants that waited at least %v apart (interval %v)",
+		what, len(grants), got, limit, maxInWindow(wakes(grants), time.Second), least, time.Duration(float64(time.Second)/lim.Rate))
 	if got <= limit {
 		t.Errorf("the exactness assertion passed a get-then-set limiter %s: %d in a 1s window, bound %d", what, got, limit)
+	}
+	if least >= time.Duration(float64(time.Second)/lim.Rate)-2*time.Microsecond {
+		t.Errorf("the spacing assertion passed a get-then-set limiter %s: grants at least %v apart", what, least)
 	}
 }
 
@@ -350,6 +393,7 @@ func TestSwarmWithLaggingCallerClocks(t *testing.T) {
 	}
 	slices.SortFunc(script, func(a, b time.Time) int { return a.Compare(b) })
 	inScript := checkExact(t, "in the script's clock", script, lim, time.Second, 1)
+	checkSpacing(t, grants, 1, lim.Rate)
 	got, limit := maxInWindow(dues(t, grants), time.Second), bound(lim, time.Second+skew+dueRounding)
 	t.Logf("%d grants; in the script's clock at most %d in a 1s window (bound %d); in this machine's at most %d (bound Burst+Rate*(1s+skew) = %d)",
 		len(grants), inScript, bound(lim, time.Second), got, limit)

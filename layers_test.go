@@ -44,6 +44,11 @@ func checkLayers(t *testing.T, reports []workerReport, layers []Limit) {
 		}
 		t.Logf("at most %d grants due in any %v window (tightest layer %v allows %d)", maxInWindow(due, w), w, tightest, bound(tightest, w))
 	}
+	fastest := 0.0
+	for _, lim := range layers {
+		fastest = max(fastest, lim.Rate)
+	}
+	checkSpacing(t, grants, 1, fastest)
 	checkJitter(t, grants)
 	// The slowest layer binds in the long run: it must not starve callers.
 	if want := 28; len(grants) < want { // 90% of Burst 12 + 6/s for 3s
@@ -151,6 +156,7 @@ func TestWeightedAcrossProcesses(t *testing.T) {
 	grants := mergeStamps(reports)
 	got := checkExact(t, "due instants", dues(t, grants), lim, time.Second, cost)
 	t.Logf("%d grants of %d tokens; at most %d tokens due in any 1s window (bound %d)", len(grants), cost, got, bound(lim, time.Second))
+	checkSpacing(t, grants, cost, lim.Rate)
 	checkJitter(t, grants)
 	if want := int(0.9 * (lim.Burst + lim.Rate*3) / cost); len(grants) < want {
 		t.Errorf("%d grants, want at least %d", len(grants), want)
