@@ -3,7 +3,9 @@ package quota
 import (
 	"context"
 	"fmt"
+	"math"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -122,4 +124,182 @@ func eventually(t testing.TB, d time.Duration, what string, cond func() bool) ti
 func waitForMode(t testing.TB, l *Limiter, m Mode, d time.Duration) time.Duration {
 	t.Helper()
 	return eventually(t, d, "mode "+m.String(), func() bool { return l.Mode() == m })
+}
+
+// Grant instants. A take's reply says when the script granted its tokens,
+// in the clock the script read (the server's, the same as this machine's,
+// unless WithClock), to the microsecond: the exactness of the limiter,
+// apart from when the caller happened to wake up.
+
+// dueKey marks an acquisition's context with the *dueRecord that dueHook
+// fills in.
+type dueKey struct{}
+
+// dueRecord is what dueHook learned of an acquisition's granted take.
+type dueRecord struct {
+	Due     time.Time     // when the script granted the tokens; zero before a granted take
+	Waited  bool          // the reply carried a wait, and Due follows from its tats
+	Wait    time.Duration // the wait the reply reported
+	Sent    time.Time     // when the take was sent
+	Replied time.Time     // and when its reply arrived
+	Now     time.Time     // the script's now, when the take carried the caller's clock (WithClock)
+	Behind  time.Duration // how far the clock the script read runs behind this machine's; the caller sets it
+
+	granted chan struct{} // closed at the first granted take
+}
+
+// withDueRecord returns ctx marked with a new dueRecord, for dueHook.
+func withDueRecord(ctx context.Context) (context.Context, *dueRecord) {
+	rec := &dueRecord{granted: make(chan struct{})}
+	return context.WithValue(ctx, dueKey{}, rec), rec
+}
+
+// dueRecordOf returns the dueRecord ctx is marked with, or nil.
+func dueRecordOf(ctx context.Context) *dueRecord {
+	rec, _ := ctx.Value(dueKey{}).(*dueRecord)
+	return rec
+}
+
+// setDue records a grant at due; the first closes rec.granted.
+func (rec *dueRecord) setDue(due time.Time, waited bool, wait time.Duration) {
+	rec.Due, rec.Waited, rec.Wait = due, waited, wait
+	select {
+	case <-rec.granted:
+	default:
+		close(rec.granted)
+	}
+}
+
+// dueHook is a go-redis hook that works out, from the reply of each take
+// made under a context marked by withDueRecord, when the script granted
+// the tokens (see takeDue), and records it there. The hook runs in the
+// goroutine that makes the call, before the caller sees the reply.
+type dueHook struct{}
+
+func (dueHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (dueHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		rec := dueRecordOf(ctx)
+		if rec == nil {
+			return next(ctx, cmd)
+		}
+		sent := time.Now()
+		err := next(ctx, cmd)
+		replied := time.Now()
+		if err == nil {
+			if tk, ok := takeDue(cmd, sent); ok {
+				rec.Sent, rec.Replied, rec.Now = sent, replied, tk.now
+				rec.setDue(tk.due, tk.waited, tk.wait)
+			}
+		}
+		return err
+	}
+}
+
+func (dueHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// takeGrant is what a granted take's command and reply say.
+type takeGrant struct {
+	due    time.Time     // when the script granted the tokens
+	wait   time.Duration // the wait the reply reported
+	waited bool          // the reply carried a wait, and due follows from its tats
+	now    time.Time     // the caller's clock the take carried (WithClock), or zero
+}
+
+// takeDue returns the instant the script granted the tokens of a take,
+// given the command and when it was sent; ok is false for a refusal and
+// for any other command.
+//
+// A take that waits replies {1, wait, tat_1, ..., tat_k}: tat_i is layer
+// i's new theoretical arrival time, max(old tat_i, g) + n/rate_i, where g
+// is the grant instant. Layer i holds burst_i tokens again at tat_i less
+// burst_i/rate_i. The layer that sets the wait had its old tat beyond g,
+// so g = tat_i - burst_i/rate_i for it, and for every other layer
+// tat_j - burst_j/rate_j <= g (its own wait is no longer). So g is the
+// largest tat_i - burst_i/rate_i: found here to within the microsecond to
+// which the script floors the tats, never later.
+//
+// A take granted at once replies 0 alone, and g is the script's now, which
+// the reply does not give. It is the caller's clock in ARGV[4] when the
+// take carries one (WithClock); otherwise the server read its clock after
+// the take was sent, and sent, never later, stands in for it.
+func takeDue(cmd redis.Cmder, sent time.Time) (tk takeGrant, ok bool) {
+	if n := cmd.Name(); n != "evalsha" && n != "eval" {
+		return tk, false
+	}
+	c, isCmd := cmd.(*redis.Cmd)
+	args := cmd.Args() // evalsha, sha, numkeys, keys..., argv...
+	if !isCmd || len(args) < 3 {
+		return tk, false
+	}
+	k, err := strconv.Atoi(fmt.Sprint(args[2]))
+	if err != nil || k < 1 || len(args) != 3+k+4+3*k {
+		return tk, false
+	}
+	argv := args[3+k:]
+	if fmt.Sprint(argv[0]) != "take" {
+		return tk, false
+	}
+	if now := fmt.Sprint(argv[3]); now != "" {
+		us, err := strconv.ParseInt(now, 10, 64)
+		if err != nil {
+			return tk, false
+		}
+		tk.now = time.UnixMicro(us)
+	}
+	switch v := c.Val().(type) {
+	case int64:
+		if v != 0 {
+			return tk, false
+		}
+		tk.due = sent
+		if !tk.now.IsZero() {
+			tk.due = tk.now
+		}
+		return tk, true
+	case []any:
+		if len(v) != 2+k || v[0] != int64(1) {
+			return tk, false
+		}
+		w, _ := v[1].(int64)
+		for i := range k {
+			tat, okTat := v[2+i].(int64)
+			rate, err1 := strconv.ParseFloat(fmt.Sprint(argv[3*i+4]), 64)
+			burst, err2 := strconv.ParseFloat(fmt.Sprint(argv[3*i+5]), 64)
+			if !okTat || err1 != nil || err2 != nil {
+				return tk, false
+			}
+			full := time.Duration(math.Round(burst / rate * float64(time.Second)))
+			if g := time.UnixMicro(tat).Add(-full); i == 0 || g.After(tk.due) {
+				tk.due = g
+			}
+		}
+		tk.wait, tk.waited = time.Duration(w)*time.Microsecond, true
+		return tk, true
+	}
+	return tk, false
+}
+
+// stoppedClock is a clock for WithClock that moves only when told to, so
+// that a bucket accrues nothing while the machine is slow.
+type stoppedClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func newStoppedClock() *stoppedClock { return &stoppedClock{now: time.Now()} }
+
+func (c *stoppedClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *stoppedClock) advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = c.now.Add(d)
 }

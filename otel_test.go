@@ -205,39 +205,56 @@ func TestMetrics(t *testing.T) {
 	mr := miniredis.RunT(t)
 	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
 	defer rdb.Close()
-	l := NewLimiter(rdb, append(tel.options(), WithName("geo"))...)
+	rdb.AddHook(dueHook{})
+	// The script's clock stands still, so that every wait is what the
+	// bucket says, whatever the machine does meanwhile.
+	frozen := time.Now()
+	l := NewLimiter(rdb, append(tel.options(), WithName("geo"), WithClock(func() time.Time { return frozen }))...)
 	ctx := context.Background()
 	lim := Limit{Rate: 10, Burst: 2}
 
-	// Two granted at once, one granted after about 100ms, one cancelled
-	// while waiting (and refunded), one refused at its deadline.
-	for range 3 {
-		if err := l.Wait(ctx, "k", lim); err != nil {
+	// Two granted at once, one granted after 100ms, one cancelled while
+	// it waits 200ms (and refunded), one refused at its deadline. Each
+	// call's duration is bounded by what the test sees: at least the wait
+	// it slept, at most the time the call took.
+	var atLeast, atMost []time.Duration
+	call := func(f func() error) error {
+		start := time.Now()
+		err := f()
+		atMost = append(atMost, time.Since(start))
+		return err
+	}
+	for i := range 3 {
+		wctx, rec := withDueRecord(ctx)
+		if err := call(func() error { return l.Wait(wctx, "k", lim) }); err != nil {
 			t.Fatal(err)
 		}
+		if want := time.Duration(max(i-1, 0)) * 100 * time.Millisecond; rec.Wait != want {
+			t.Fatalf("wait %d: %v, want %v", i+1, rec.Wait, want)
+		}
+		atLeast = append(atLeast, rec.Wait)
 	}
-	cancelled, cancel := context.WithCancel(ctx)
-	time.AfterFunc(20*time.Millisecond, cancel)
-	if err := l.Wait(cancelled, "k", lim); !errors.Is(err, context.Canceled) {
-		t.Fatalf("err = %v", err)
+	cctx, rec := withDueRecord(ctx)
+	cancelled, cancel := context.WithCancel(cctx)
+	go func() { <-rec.granted; cancel() }() // while it waits
+	if err := call(func() error { return l.Wait(cancelled, "k", lim) }); !errors.Is(err, context.Canceled) || rec.Wait != 200*time.Millisecond {
+		t.Fatalf("err = %v after a wait of %v, want context.Canceled after 200ms", err, rec.Wait)
 	}
-	short, cancel2 := context.WithTimeout(ctx, 10*time.Millisecond)
+	atLeast = append(atLeast, 0)
+	short, cancel2 := context.WithTimeout(ctx, 250*time.Millisecond) // the 2 tokens are 300ms away
 	defer cancel2()
-	if err := l.WaitN(short, "k", lim, 2); !errors.Is(err, ErrWouldExceedDeadline) {
+	if err := call(func() error { return l.WaitN(short, "k", lim, 2) }); !errors.Is(err, ErrWouldExceedDeadline) {
 		t.Fatalf("err = %v", err)
 	}
+	atLeast = append(atLeast, 0)
 
 	var rm metricdata.ResourceMetrics
-	deadline := time.Now().Add(2 * time.Second)
-	for {
+	eventually(t, 10*time.Second, "the refund", func() bool { // it runs in the background
 		if err := tel.reader.Collect(ctx, &rm); err != nil {
 			t.Fatal(err)
 		}
-		if sumOf(rm, "quota.refunds", nil) == 1 || time.Now().After(deadline) {
-			break // the refund runs in the background
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return sumOf(rm, "quota.refunds", nil) == 1
+	})
 	for _, c := range []struct {
 		outcome string
 		want    int64
@@ -256,10 +273,11 @@ func TestMetrics(t *testing.T) {
 		t.Fatal("no quota.wait.duration")
 	}
 	hist := h.Data.(metricdata.Histogram[float64])
-	var count uint64
-	var slow uint64 // waits of 50ms or more
+	var count, slow uint64 // slow: waits of 50ms or more
+	var sum float64
 	for _, dp := range hist.DataPoints {
 		count += dp.Count
+		sum += dp.Sum
 		if len(dp.Bounds) != len(waitBuckets) || dp.Bounds[0] != 0.001 || dp.Bounds[len(dp.Bounds)-1] != 10 {
 			t.Errorf("bucket bounds %v, want 1ms to 10s", dp.Bounds)
 		}
@@ -269,8 +287,25 @@ func TestMetrics(t *testing.T) {
 			}
 		}
 	}
-	if count != 5 || slow != 1 || h.Unit != "s" {
-		t.Errorf("quota.wait.duration: %d waits (%d of 50ms or more), unit %q; want 5 (1) in s", count, slow, h.Unit)
+	var least, most time.Duration
+	var slowAtLeast, slowAtMost uint64
+	for i := range atMost {
+		least, most = least+atLeast[i], most+atMost[i]
+		if atLeast[i] >= 50*time.Millisecond {
+			slowAtLeast++
+		}
+		if atMost[i] >= 50*time.Millisecond {
+			slowAtMost++
+		}
+	}
+	t.Logf("quota.wait.duration: %d waits, %d of 50ms or more (%d to %d by the test's clock), %.4fs in all (%.4fs to %.4fs)",
+		count, slow, slowAtLeast, slowAtMost, sum, least.Seconds(), most.Seconds())
+	if count != 5 || h.Unit != "s" {
+		t.Errorf("quota.wait.duration: %d waits, unit %q; want 5 in s", count, h.Unit)
+	}
+	if slow < slowAtLeast || slow > slowAtMost || sum < least.Seconds() || sum > most.Seconds() {
+		t.Errorf("quota.wait.duration: %d waits of 50ms or more, %.4fs in all; the calls took %d to %d, %v to %v",
+			slow, sum, slowAtLeast, slowAtMost, least, most)
 	}
 
 	g := find(rm, "quota.limiter.mode")

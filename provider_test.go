@@ -96,18 +96,33 @@ func getVia(t *testing.T, tr http.RoundTripper, ctx context.Context, url string,
 	return err
 }
 
-// timeToToken returns how long a Wait on the provider's bucket takes.
-func timeToToken(t *testing.T, l *Limiter, name string, lim Limit) time.Duration {
+// tokenAfter takes a token from the provider's bucket with l, which must
+// use a client with dueHook, and returns what the hook saw of the take.
+// A pause that began between begun and ended and lasts d must make the
+// take fall due d after it: between begun+d and ended+d, to the
+// microsecond (the caller's wake-up is the machine's, bounded apart),
+// unless the take came after that and was granted at once.
+func tokenAfter(t *testing.T, l *Limiter, name string, lim Limit, begun, ended time.Time, d time.Duration) *dueRecord {
 	t.Helper()
-	start := time.Now()
-	if err := l.Wait(context.Background(), name, lim); err != nil {
+	ctx, rec := withDueRecord(context.Background())
+	if err := l.Wait(ctx, name, lim); err != nil {
 		t.Fatal(err)
 	}
-	return time.Since(start)
+	late := time.Since(rec.Due)
+	switch {
+	case !rec.Waited && rec.Sent.Before(begun.Add(d)):
+		t.Errorf("a token granted at once %v after the pause began, want none for %v", rec.Sent.Sub(begun), d)
+	case rec.Waited && (rec.Due.Before(begun.Add(d-time.Microsecond)) || rec.Due.After(ended.Add(d+time.Microsecond))):
+		t.Errorf("the next token fell due %v after the pause began (within %v), want %v", rec.Due.Sub(begun), ended.Sub(begun), d)
+	case late > maxJitter:
+		t.Errorf("the caller woke %v after its token fell due", late)
+	}
+	return rec
 }
 
 func TestRetryAfterPausesTheFleet(t *testing.T) {
 	_, rdb, _ := newMini(t)
+	rdb.AddHook(dueHook{})
 	var status atomic.Int64
 	status.Store(200)
 	prov := answering(t, func(w http.ResponseWriter, r *http.Request) {
@@ -122,17 +137,23 @@ func TestRetryAfterPausesTheFleet(t *testing.T) {
 	other := NewLimiter(rdb) // another worker of the fleet
 
 	status.Store(429)
+	begun := time.Now()
 	if err := getVia(t, first, context.Background(), prov.URL, nil); err != nil {
 		t.Fatal(err)
 	}
 	// The other worker never saw the 429, and still waits out the pause.
-	if d := timeToToken(t, other, name, lim); d < 900*time.Millisecond || d > 1200*time.Millisecond {
-		t.Errorf("the next token came %v after a 429 with Retry-After: 1, want about 1s", d)
-	}
+	rec := tokenAfter(t, other, name, lim, begun, time.Now(), time.Second)
+	t.Logf("the next token fell due %v after the request that got the 429 began", rec.Due.Sub(begun))
 
+	// After the pause, one token and then the rate: the next is due one
+	// interval after it, or at once if the caller came later still.
 	status.Store(200)
-	if d := timeToToken(t, other, name, lim); d > 50*time.Millisecond {
-		t.Errorf("after the pause a token took %v", d)
+	ctx, next := withDueRecord(context.Background())
+	if err := other.Wait(ctx, name, lim); err != nil {
+		t.Fatal(err)
+	}
+	if interval := 10 * time.Millisecond; next.Waited && (next.Due.Sub(rec.Due)-interval).Abs() > 2*time.Microsecond {
+		t.Errorf("after the pause the next token fell due %v after the first, want %v", next.Due.Sub(rec.Due), interval)
 	}
 }
 
@@ -145,17 +166,20 @@ func TestMaxPause(t *testing.T) {
 		{WithMaxPause(0), 0},
 	} {
 		_, rdb, _ := newMini(t)
+		rdb.AddHook(dueHook{})
 		prov := answering(t, func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("Retry-After", "86400") // a day
 			w.WriteHeader(503)
 		})
 		name, _ := Host(httptest.NewRequest("GET", prov.URL, nil))
 		lim := PerSecond(100)
+		begun := time.Now()
 		if err := getVia(t, NewTransport(rdb, lim, tc.opt), context.Background(), prov.URL, nil); err != nil {
 			t.Fatal(err)
 		}
-		if d := timeToToken(t, NewLimiter(rdb), name, lim); d < tc.want-20*time.Millisecond || d > tc.want+150*time.Millisecond {
-			t.Errorf("max pause %v: the next token came after %v", tc.want, d)
+		rec := tokenAfter(t, NewLimiter(rdb), name, lim, begun, time.Now(), tc.want)
+		if tc.want == 0 && rec.Waited {
+			t.Errorf("max pause 0: the next token waited %v", rec.Wait)
 		}
 	}
 	mustPanic(t, "WithMaxPause(-1)", func() { WithMaxPause(-1) })
@@ -164,12 +188,37 @@ func TestMaxPause(t *testing.T) {
 // retryablehttp sleeps the Retry-After itself, and the bucket's pause ends
 // at the same instant: the retry waits once, not twice.
 func TestRetryAfterIsNotDoubledByRetryablehttp(t *testing.T) {
-	gap := retryGapAfter429(t, PerSecond(100))
-	t.Logf("the retry came %v after the 429 with Retry-After: 1", gap)
-	if gap < 950*time.Millisecond || gap > 1400*time.Millisecond {
-		t.Errorf("the retry came %v after the 429, want about 1s, not 2", gap)
+	r := retryAfter429(t, PerSecond(100))
+	t.Logf("the retry came %v after the 429 with Retry-After: 1; its take waited %v", r.gap, r.retry.Wait)
+	// The retry's take comes when retryablehttp has slept the Retry-After
+	// since the response; the pause, begun as the response came, ends
+	// then too, give or take the background update's start. Waiting
+	// twice would make the take wait about 1s more.
+	if r.gap < 950*time.Millisecond || r.retry.Wait > 500*time.Millisecond {
+		t.Errorf("the retry came %v after the 429 and its take waited %v: want about 1s, and no second wait", r.gap, r.retry.Wait)
 	}
 	var _ retryablehttp.CheckRetry = CheckRetry(retryablehttp.DefaultRetryPolicy)
+}
+
+// tokensAtOnce returns a function that counts, taking them, the tokens
+// the bucket called name holds now, as a worker with l sees it.
+func tokensAtOnce(t *testing.T, l *Limiter, name string, lim Limit) func(n float64) int {
+	return func(n float64) int {
+		t.Helper()
+		b, err := l.bucket(name, []Limit{lim})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := 0; ; i++ {
+			g, _, err := l.store.take(context.Background(), b, n, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !g.granted {
+				return i
+			}
+		}
+	}
 }
 
 func TestProviderHeadersLowerTheBucket(t *testing.T) {
@@ -180,37 +229,26 @@ func TestProviderHeadersLowerTheBucket(t *testing.T) {
 	})
 	name, _ := Host(httptest.NewRequest("GET", prov.URL, nil))
 	lim := Limit{Rate: 1, Burst: 10}
-	tr := NewTransport(rdb, lim, WithProviderHeaders())
-	other := NewLimiter(rdb)
-	tokensLeft := func() int {
-		n := 0
-		for {
-			ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
-			err := other.Wait(ctx, name, lim)
-			cancel()
-			if err != nil {
-				return n
-			}
-			n++
-		}
-	}
+	clock := newStoppedClock() // nothing accrues unless the test says so
+	tr := NewTransport(rdb, lim, WithProviderHeaders(), WithClock(clock.Now))
+	tokensLeft := tokensAtOnce(t, NewLimiter(rdb, WithClock(clock.Now)), name, lim)
 
 	// The provider counts 3 left where the bucket holds 9: lowered to 3.
 	remaining.Store(3)
 	if err := getVia(t, tr, context.Background(), prov.URL, nil); err != nil {
 		t.Fatal(err)
 	}
-	if n := tokensLeft(); n != 3 {
+	if n := tokensLeft(1); n != 3 {
 		t.Errorf("%d tokens after the provider said 3 remain, want 3", n)
 	}
 	// The provider counts more than the bucket holds: never raised.
 	remaining.Store(100)
-	time.Sleep(1100 * time.Millisecond) // one token accrues
+	clock.advance(1100 * time.Millisecond) // one token accrues
 	if err := getVia(t, tr, context.Background(), prov.URL, nil); err != nil {
 		t.Fatal(err)
 	}
-	if n := tokensLeft(); n != 0 {
-		t.Errorf("%d tokens after the provider said 100 remain, want the bucket's 0", n)
+	if n := tokensLeft(0.1); n != 1 {
+		t.Errorf("%d tenths of a token after the provider said 100 remain, want the bucket's 1", n)
 	}
 }
 
@@ -226,13 +264,9 @@ func TestCostAndSettle(t *testing.T) {
 		f, err := strconv.ParseFloat(resp.Header.Get("X-Usage"), 64)
 		return f, err == nil
 	}
-	tr := NewTransport(rdb, lim, WithCost(cost), WithSettle(settle))
-	other := NewLimiter(rdb)
-	canTake := func(n float64) bool {
-		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
-		defer cancel()
-		return other.WaitN(ctx, name, lim, n) == nil
-	}
+	clock := newStoppedClock() // nothing accrues unless the test says so
+	tr := NewTransport(rdb, lim, WithCost(cost), WithSettle(settle), WithClock(clock.Now))
+	tokens := tokensAtOnce(t, NewLimiter(rdb, WithClock(clock.Now)), name, lim)
 	send := func(estimate, real string) error {
 		return getVia(t, tr, context.Background(), prov.URL, http.Header{"X-Estimate": {estimate}, "X-Real": {real}})
 	}
@@ -241,16 +275,16 @@ func TestCostAndSettle(t *testing.T) {
 	if err := send("5", "2"); err != nil {
 		t.Fatal(err)
 	}
-	if canTake(8.5) || !canTake(8) {
-		t.Error("after an estimate of 5 settled at 2, want 8 tokens left")
+	if n := tokens(0.5); n != 16 {
+		t.Errorf("after an estimate of 5 settled at 2, %d half tokens left, want 16", n)
 	}
 	// The bucket is empty; wait for 6, then estimate 2, really 6.
-	time.Sleep(6 * time.Second / 1)
+	clock.advance(6 * time.Second)
 	if err := send("2", "6"); err != nil {
 		t.Fatal(err)
 	}
-	if canTake(0.5) {
-		t.Error("after an estimate of 2 settled at 6, want no token left")
+	if n := tokens(0.1); n != 0 {
+		t.Errorf("after an estimate of 2 settled at 6, %d tenths of a token left, want none", n)
 	}
 
 	cmds.reset()

@@ -86,23 +86,47 @@ func TestRetryEveryAttemptTakesAToken(t *testing.T) {
 func TestRetryAfter429WaitsForATokenToo(t *testing.T) {
 	// One token, refilled every 2s: the retry, due 1s after the 429 by its
 	// Retry-After, still has to wait for its token, 2s after the first.
-	gap := retryGapAfter429(t, Limit{Rate: 0.5, Burst: 1})
-	t.Logf("the retry reached the provider %v after the 429", gap)
-	if gap < 1900*time.Millisecond || gap > 2500*time.Millisecond {
-		t.Errorf("the retry came %v after the first attempt, want about 2s: Retry-After 1s, then the token", gap)
+	r := retryAfter429(t, Limit{Rate: 0.5, Burst: 1})
+	t.Logf("the retry's token fell due %v after the first attempt began (which took %v); it reached the provider %v after the 429",
+		r.retry.Due.Sub(r.begun), r.first.Sub(r.begun), r.gap)
+	// The first take emptied the bucket between the start and the first
+	// attempt; the retry's token falls due 2s after, to the microsecond.
+	switch rt := r.retry; {
+	case !rt.Waited && rt.Sent.Before(r.begun.Add(2*time.Second)):
+		t.Errorf("the retry's token was granted at once %v after the first attempt began, want none for 2s", rt.Sent.Sub(r.begun))
+	case rt.Waited && (rt.Due.Before(r.begun.Add(2*time.Second-time.Microsecond)) || rt.Due.After(r.first.Add(2*time.Second+time.Microsecond))):
+		t.Errorf("the retry's token fell due %v after the first attempt began, want 2s after the first take, within %v",
+			rt.Due.Sub(r.begun), r.first.Sub(r.begun))
+	}
+	if late := r.second.Sub(r.retry.Due); late < 0 || late > maxJitter {
+		t.Errorf("the retry reached the provider %v after its token fell due", late)
 	}
 }
 
-// retryGapAfter429 sends one request through retryablehttp over a
-// Transport at lim to a provider that answers 429 with Retry-After: 1 and
-// then 200, and returns the time between the two attempts.
-func retryGapAfter429(t *testing.T, lim Limit) time.Duration {
+// retried is what retryAfter429 saw.
+type retried struct {
+	begun, first, second time.Time     // when the request began, and its attempts reached the provider
+	gap                  time.Duration // between the attempts
+	retry                *dueRecord    // the retry's take (dueHook)
+}
+
+// retryAfter429 sends one request through retryablehttp over a Transport at
+// lim to a provider that answers 429 with Retry-After: 1 and then 200, and
+// reports when the attempts went out and the retry's take.
+func retryAfter429(t *testing.T, lim Limit) retried {
 	t.Helper()
 	_, rdb, _ := newMini(t)
+	rdb.AddHook(dueHook{})
 	prov := statusSequence(t, http.StatusTooManyRequests)
 	sent := &attemptCounter{next: http.DefaultTransport}
 	client := retryingClient(NewTransport(rdb, lim, WithBase(sent)))
-	resp, err := client.Get(prov.URL)
+	ctx, rec := withDueRecord(context.Background()) // each take records over the last
+	req, err := retryablehttp.NewRequestWithContext(ctx, "GET", prov.URL, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	begun := time.Now()
+	resp, err := client.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -110,7 +134,7 @@ func retryGapAfter429(t *testing.T, lim Limit) time.Duration {
 	if sent.count() != 2 {
 		t.Fatalf("%d attempts, want 2", sent.count())
 	}
-	return sent.times[1].Sub(sent.times[0])
+	return retried{begun: begun, first: sent.times[0], second: sent.times[1], gap: sent.times[1].Sub(sent.times[0]), retry: rec}
 }
 
 func TestRetryStopsOnRefusals(t *testing.T) {
