@@ -99,14 +99,15 @@ func TestWaitSpan(t *testing.T) {
 		}
 		return okResponse(r)
 	})
-	tr := NewTransport(rdb, Limit{Rate: 10, Burst: 1}, append(tel.options(), WithBase(base))...)
+	tr := NewTransport(rdb, Limit{Rate: 2, Burst: 1}, append(tel.options(), WithBase(base))...)
 
 	ctx, caller := tel.tp.Tracer("test").Start(context.Background(), "caller")
 	req, _ := http.NewRequestWithContext(ctx, "GET", "https://api.example.com/v1", nil)
 	if _, err := tr.RoundTrip(req); err != nil {
 		t.Fatal(err)
 	}
-	// The second request waits for the bucket to refill: about 100ms.
+	// The second request waits for the bucket to refill: 500 ms less the
+	// time the first took.
 	if _, err := tr.RoundTrip(req.Clone(ctx)); err != nil {
 		t.Fatal(err)
 	}
@@ -126,7 +127,7 @@ func TestWaitSpan(t *testing.T) {
 	a := attrs(s)
 	for k, want := range map[attribute.Key]attribute.Value{
 		"quota.key":               attribute.StringValue("api.example.com"),
-		"quota.limit.rate":        attribute.Float64Value(10),
+		"quota.limit.rate":        attribute.Float64Value(2),
 		"quota.limit.burst":       attribute.Float64Value(1),
 		"quota.tokens":            attribute.Float64Value(1),
 		"quota.mode":              attribute.StringValue("shared"),
@@ -137,8 +138,8 @@ func TestWaitSpan(t *testing.T) {
 			t.Errorf("attribute %s = %v, want %v", k, a[k].String(), want.String())
 		}
 	}
-	if w := a["quota.wait.seconds"]; w.Type() != attribute.FLOAT64 || w.AsFloat64() < 0.05 || w.AsFloat64() > 0.5 {
-		t.Errorf("quota.wait.seconds = %v, want about 0.1", w.String())
+	if w := a["quota.wait.seconds"]; w.Type() != attribute.FLOAT64 || w.AsFloat64() < 0.1 || w.AsFloat64() > 1.5 {
+		t.Errorf("quota.wait.seconds = %v, want about 0.5", w.String())
 	}
 	if s.Status().Code != codes.Unset || len(s.Events()) != 0 {
 		t.Errorf("a granted wait has status %v and %d events", s.Status(), len(s.Events()))
@@ -169,9 +170,9 @@ func TestWaitSpanErrors(t *testing.T) {
 	ctx := context.Background()
 
 	_ = l.Wait(ctx, "k", Limit{Rate: -1})
-	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
-	_ = l.WaitN(short, "k", Limit{Rate: 1, Burst: 2}, 2)
-	_ = l.Wait(short, "k", Limit{Rate: 1, Burst: 2}) // would pass the deadline
+	short, cancel := context.WithTimeout(ctx, 5*time.Second)
+	_ = l.WaitN(short, "k", Limit{Rate: 0.1, Burst: 2}, 2)
+	_ = l.Wait(short, "k", Limit{Rate: 0.1, Burst: 2}) // 10 s away: would pass the deadline
 	cancel()
 	mr.Close()
 	_ = l.Wait(ctx, "k", PerSecond(1)) // FailClosed
@@ -424,5 +425,8 @@ func TestPauseSpan(t *testing.T) {
 	}
 	if pause == nil || pause.Parent().SpanID() != caller.SpanContext().SpanID() || pause.Status().Code == codes.Error {
 		t.Fatalf("no quota.pause span under the caller's span after a 429 with Retry-After: %v", pause)
+	}
+	if got := attrs(pause)["quota.pause.seconds"]; got.AsFloat64() != 1 {
+		t.Errorf("quota.pause.seconds = %v, want the Retry-After of 1", got.Emit())
 	}
 }
