@@ -302,9 +302,8 @@ func windowExcess(at []float64, burst, rate float64) excess {
 }
 
 // TestDemoPause runs a short demo with -pause and checks its fourth phase:
-// the provider sent its 429, heard nothing in the second half of the pause,
-// and received requests again after it. The fleet is small enough that the
-// requests granted before the 429 all go out in the pause's first half.
+// the provider sent its 429, heard nothing from 50 ms after it until the
+// pause ended, and received requests again after it.
 func TestDemoPause(t *testing.T) {
 	requireRedis(t)
 	out := t.TempDir()
@@ -338,8 +337,8 @@ func TestDemoPause(t *testing.T) {
 	if p.Max1s > p.Bound1s {
 		t.Errorf("phase 4: %d requests in 1 s, bound %d", p.Max1s, p.Bound1s)
 	}
-	if p.Pause.SecondHalf != 0 {
-		t.Errorf("phase 4: %d requests arrived in the second half of the pause, want none (%+v)", p.Pause.SecondHalf, *p.Pause)
+	if p.Pause.During != 0 {
+		t.Errorf("phase 4: %d requests arrived from %v after the 429 until the pause ended, want none (%+v)", p.Pause.During, pauseReach, *p.Pause)
 	}
 	rest := sum.PhaseSeconds - p.Pause.SentAtS - p.Pause.RetryAfterS
 	if want := max(1, int(0.5*sum.PerMinute/60*rest)); p.Pause.After < want {
@@ -374,45 +373,50 @@ func TestPauseFlag(t *testing.T) {
 	}
 }
 
-// TestSummarizePause checks which arrivals count as during the pause, in
-// its second half and after it.
+// TestSummarizePause checks which arrivals count as in the pause's first
+// 50 ms, during the rest of it and after it, and the busiest second after.
 func TestSummarizePause(t *testing.T) {
 	start := time.Unix(0, 0)
 	r := phaseResult{phase: phase{pause: time.Second}, start: start, pauseSent: 4 * time.Second}
-	for _, ms := range []int{3900, 4000, 4100, 4499, 4500, 4999, 5000, 6000} {
+	for _, ms := range []int{3900, 4000, 4030, 4049, 4050, 4999, 5020, 5100, 6000, 6100} {
 		r.arrivals = append(r.arrivals, provider.Arrival{At: start.Add(time.Duration(ms) * time.Millisecond)})
 	}
-	got := *summarizePause(r)
-	want := pauseSummary{RetryAfterS: 1, Sent: true, SentAtS: 4, During: 4, LastMS: 999, SecondHalf: 2, After: 2}
+	got := *summarizePause(r, 20)
+	want := pauseSummary{RetryAfterS: 1, Sent: true, SentAtS: 4, Reaching: 2, During: 2, LastMS: 999, After: 4, ResumedMS: 20,
+		Busiest: busiest{Max1s: 3, AtS: 5.02, Bound1s: 20}}
 	if got != want {
 		t.Errorf("summarizePause = %+v, want %+v", got, want)
 	}
-	if got := *summarizePause(phaseResult{phase: phase{pause: time.Second}}); got != (pauseSummary{RetryAfterS: 1}) {
+	if got := *summarizePause(phaseResult{phase: phase{pause: time.Second}}, 20); got != (pauseSummary{RetryAfterS: 1}) {
 		t.Errorf("summarizePause without a 429 = %+v", got)
 	}
 }
 
-// TestWritePause checks the line under the table for a fleet that paused
-// at once, one that paused late, one that did not and a 429 never sent.
+// TestWritePause checks the lines under the table for a pause that reached
+// the fleet, one that did not, one after which nothing arrived and a 429
+// never sent.
 func TestWritePause(t *testing.T) {
 	s := summary{PerMinute: 600}
+	b := busiest{Max1s: 11, AtS: 7.04, Bound1s: 20}
 	for _, tc := range []struct {
-		pause  pauseSummary
-		waitMS float64
-		want   string
+		pause pauseSummary
+		want  string
 	}{
-		{pauseSummary{RetryAfterS: 2, Sent: true, SentAtS: 4.8, After: 30}, 100,
-			"the fleet paused at once; 30 arrived after the pause."},
-		{pauseSummary{RetryAfterS: 2, Sent: true, SentAtS: 4.8, During: 5, LastMS: 480, After: 30}, 500,
-			"5 requests arrived after it and before the pause ended:\n  the fleet paused 480 ms after the 429, 1520 ms before the pause ended; 30 arrived after the pause.\n"},
-		{pauseSummary{RetryAfterS: 2, Sent: true, SentAtS: 4.8, During: 20, LastMS: 1900, SecondHalf: 10, After: 30}, 3000,
-			"the last 1900 ms after the 429: the fleet did not pause; 30 arrived after the pause.\n  Requests waited 3.00s at p50, longer than the pause"},
-		{pauseSummary{RetryAfterS: 2}, 0, "no request reached the provider"},
+		{pauseSummary{RetryAfterS: 2, Sent: true, SentAtS: 4.8, Reaching: 2, After: 30, ResumedMS: 8, Busiest: b},
+			"Phase 4: 429 with Retry-After: 2 sent at 4.8s, a pause until 6.8s; 2 requests arrived in the\n" +
+				"  first 50 ms, due before the pause reached them, and 0 from then until the pause ended.\n" +
+				"  The traffic resumed 8 ms after the pause ended: 30 requests, max in 1 s 11 / 20 (from 7.0s).\n"},
+		{pauseSummary{RetryAfterS: 2, Sent: true, SentAtS: 4.8, During: 20, LastMS: 1900, After: 30, ResumedMS: 5, Busiest: b},
+			"0 requests arrived in the\n  first 50 ms and 20 from then until the pause ended,\n" +
+				"  the last 1900 ms after the 429: the pause did not reach every grant already queued.\n" +
+				"  After the pause, 30 requests, the first 5 ms after its end; max in 1 s 11 / 20 (from 7.0s).\n"},
+		{pauseSummary{RetryAfterS: 2, Sent: true, SentAtS: 4.8, Reaching: 1}, "1 request arrived in the\n  first 50 ms, due before the pause reached them, and 0 from then until the pause ended.\n  No request arrived after the pause.\n"},
+		{pauseSummary{RetryAfterS: 2}, "no request reached the provider"},
 	} {
-		var b strings.Builder
-		s.writePause(&b, phaseSummary{Phase: 4, WaitP50MS: tc.waitMS, Pause: &tc.pause})
-		if !strings.Contains(b.String(), tc.want) {
-			t.Errorf("%+v:\n%s\nwant it to contain %q", tc.pause, b.String(), tc.want)
+		var w strings.Builder
+		s.writePause(&w, phaseSummary{Phase: 4, Pause: &tc.pause})
+		if !strings.Contains(w.String(), tc.want) {
+			t.Errorf("%+v:\n%s\nwant it to contain\n%s", tc.pause, w.String(), tc.want)
 		}
 	}
 }

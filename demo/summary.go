@@ -61,6 +61,12 @@ type phaseSummary struct {
 	Pause *pauseSummary `json:"pause,omitempty"` // in the phase in which the provider asks for a pause
 }
 
+// pauseReach is how long after the 429 the pause may take to reach every
+// worker and every grant already queued: the worker that receives the 429
+// records the pause in Redis, which announces it to the others. Requests
+// granted before the 429 and due within it go out.
+const pauseReach = 50 * time.Millisecond
+
 // A pauseSummary is what the provider received around the 429 with which
 // it asked for a pause. The pause runs from the instant the 429 was sent
 // for RetryAfterS.
@@ -68,10 +74,12 @@ type pauseSummary struct {
 	RetryAfterS float64 `json:"retry_after_s"` // the pause asked for
 	Sent        bool    `json:"sent"`          // whether the 429 went out
 	SentAtS     float64 `json:"sent_at_s"`     // when, since the phase started
-	During      int     `json:"during"`        // requests that arrived after the 429 and before the pause ended
+	Reaching    int     `json:"reaching"`      // requests that arrived in the first 50 ms after the 429, while the pause reached the fleet
+	During      int     `json:"during"`        // requests that arrived from 50 ms after the 429 until the pause ended: none if the pause reached every grant
 	LastMS      float64 `json:"last_ms"`       // how long after the 429 the last of those arrived; 0 if none did
-	SecondHalf  int     `json:"second_half"`   // of those, the ones that arrived in the pause's second half
 	After       int     `json:"after"`         // requests that arrived after the pause, until the phase ended
+	ResumedMS   float64 `json:"resumed_ms"`    // how long after the pause ended the first of those arrived; 0 if none did
+	Busiest     busiest `json:"busiest_after"` // the busiest second after the pause
 }
 
 // A busiest is the busiest second of a phase from an instant on (the
@@ -96,28 +104,31 @@ func busiestFrom(r phaseResult, from time.Duration, bound int) busiest {
 }
 
 // summarizePause counts the arrivals around the 429 of r, which asked for a
-// pause.
-func summarizePause(r phaseResult) *pauseSummary {
+// pause; bound is the most the limit allows in 1 s.
+func summarizePause(r phaseResult, bound int) *pauseSummary {
 	p := &pauseSummary{RetryAfterS: r.pause.Seconds(), Sent: r.pauseSent > 0}
 	if !p.Sent {
 		return p
 	}
 	p.SentAtS = math.Round(r.pauseSent.Seconds()*1000) / 1000
 	sent := r.start.Add(r.pauseSent)
-	half, end := sent.Add(r.pause/2), sent.Add(r.pause)
+	reached, end := sent.Add(pauseReach), sent.Add(r.pause)
 	for _, a := range r.arrivals {
 		switch {
 		case !a.At.After(sent):
+		case a.At.Before(reached):
+			p.Reaching++
 		case a.At.Before(end):
 			p.During++
 			p.LastMS = float64(a.At.Sub(sent).Microseconds()) / 1000
-			if !a.At.Before(half) {
-				p.SecondHalf++
-			}
 		default:
+			if p.After == 0 {
+				p.ResumedMS = float64(a.At.Sub(end).Microseconds()) / 1000
+			}
 			p.After++
 		}
 	}
+	p.Busiest = busiestFrom(r, r.pauseSent+r.pause, bound)
 	return p
 }
 
@@ -164,7 +175,7 @@ func summarize(c config, results []phaseResult) summary {
 		case modeShared:
 			p.Checked = true
 			if r.pause > 0 {
-				p.Pause = summarizePause(r)
+				p.Pause = summarizePause(r, bound)
 			}
 		case modeFallback:
 			p.Checked = true
@@ -239,29 +250,35 @@ func (s summary) writeTable(w io.Writer) {
 }
 
 // writePause says what the provider received around the 429 of phase p,
-// which asked for a pause. The fleet counts as paused when the provider
-// heard nothing for the pause's last two intervals between requests at the
-// limit, or longer.
+// which asked for a pause: in the first milliseconds, while the pause
+// reached the fleet, then until the pause ended (nothing, when it reached
+// every grant already queued), and after it.
 func (s summary) writePause(w io.Writer, p phaseSummary) {
 	ps := p.Pause
 	if !ps.Sent {
 		fmt.Fprintf(w, "Phase %d: no request reached the provider to be answered with 429 and Retry-After: %.0f.\n", p.Phase, ps.RetryAfterS)
 		return
 	}
-	fmt.Fprintf(w, "Phase %d: 429 with Retry-After: %.0f sent at %.1fs; ", p.Phase, ps.RetryAfterS, ps.SentAtS)
-	quiet := ps.RetryAfterS*1000 - ps.LastMS
-	switch {
-	case ps.During == 0:
-		fmt.Fprint(w, "no request arrived after it before the pause ended:\n  the fleet paused at once")
-	case quiet >= 2*60000/s.PerMinute:
-		fmt.Fprintf(w, "%d requests arrived after it and before the pause ended:\n  the fleet paused %.0f ms after the 429, %.0f ms before the pause ended",
-			ps.During, ps.LastMS, quiet)
-	default:
-		fmt.Fprintf(w, "%d requests arrived after it and before the pause ended,\n  the last %.0f ms after the 429: the fleet did not pause", ps.During, ps.LastMS)
+	fmt.Fprintf(w, "Phase %d: 429 with Retry-After: %.0f sent at %.1fs, a pause until %.1fs; %s arrived in the\n  first %d ms",
+		p.Phase, ps.RetryAfterS, ps.SentAtS, ps.SentAtS+ps.RetryAfterS, requests(ps.Reaching), pauseReach.Milliseconds())
+	if ps.Reaching > 0 {
+		fmt.Fprint(w, ", due before the pause reached them,")
 	}
-	fmt.Fprintf(w, "; %d arrived after the pause.\n", ps.After)
-	if ps.During > 0 && p.WaitP50MS > ps.RetryAfterS*1000 {
-		fmt.Fprintf(w, "  Requests waited %s at p50, longer than the pause: those granted before the 429 go out as scheduled.\n", ms(p.WaitP50MS))
+	fmt.Fprintf(w, " and %d from then until the pause ended", ps.During)
+	if ps.During > 0 {
+		fmt.Fprintf(w, ",\n  the last %.0f ms after the 429: the pause did not reach every grant already queued", ps.LastMS)
+	}
+	fmt.Fprintln(w, ".")
+	b := ps.Busiest
+	switch {
+	case ps.After == 0:
+		fmt.Fprintln(w, "  No request arrived after the pause.")
+	case ps.During == 0:
+		fmt.Fprintf(w, "  The traffic resumed %.0f ms after the pause ended: %s, max in 1 s %d / %d (from %.1fs).\n",
+			ps.ResumedMS, requests(ps.After), b.Max1s, b.Bound1s, b.AtS)
+	default:
+		fmt.Fprintf(w, "  After the pause, %s, the first %.0f ms after its end; max in 1 s %d / %d (from %.1fs).\n",
+			requests(ps.After), ps.ResumedMS, b.Max1s, b.Bound1s, b.AtS)
 	}
 }
 
