@@ -301,48 +301,93 @@ func windowExcess(at []float64, burst, rate float64) excess {
 	return best
 }
 
-// TestDemoPause runs a short demo with -pause and checks its fourth phase:
-// the provider sent its 429, heard nothing from 50 ms after it until the
-// pause ended, and received requests again after it.
+// TestDemoPause runs the pause phase alone with the demo's default fleet,
+// 4 workers x 8 goroutines on 600/min (burst 10), whose grants queue about
+// 3 s ahead, and -pause 2s, shorter than the queue. From what the provider
+// received it checks that the pause reaches the grants already queued, in
+// every worker: nothing arrives from 50 ms after the 429 until the pause
+// ends (without the reach, the queue would fill that time at the rate), and
+// then the queue resumes at the rate, not in a burst: every window after
+// the pause holds at most one token plus the rate over it.
 func TestDemoPause(t *testing.T) {
 	requireRedis(t)
 	out := t.TempDir()
-	cfg, err := parseFlags([]string{"-workers", "2", "-goroutines", "2", "-rate", "1200", "-duration", "3s",
-		"-latency", "20ms", "-pause", "1s", "-json", "-out", out}, os.Stderr)
+	cfg, err := parseFlags([]string{"-pause", "2s", "-json", "-out", out}, os.Stderr)
 	if err != nil {
 		t.Fatal(err)
+	}
+	cfg.phases = []int{4}
+	rate, burst := cfg.ratePerSecond(), float64(cfg.burst)
+	if queue := float64(cfg.workers*cfg.goroutines) / rate; queue <= cfg.retryAfter().Seconds() {
+		t.Fatalf("the fleet queues %.1fs ahead, not more than the %v pause: it would pause without reaching the queue", queue, cfg.retryAfter())
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	var stdout, stderr bytes.Buffer
 	code := run(ctx, cfg, &stdout, &stderr)
 	t.Logf("output:\n%s", stderr.String())
-	if code != 0 {
-		t.Fatalf("exit code %d, want 0", code)
+	sum := readSummary(t, code, stdout.Bytes(), 1)
+	p := sum.Phases[0]
+	if p.Phase != 4 || p.Pause == nil || !p.Pause.Sent || p.Refused == 0 {
+		t.Fatalf("phase %d: pause %+v with %d 429s, want phase 4 with a 429 sent", p.Phase, p.Pause, p.Refused)
 	}
-	var sum summary
-	if err := json.Unmarshal(stdout.Bytes(), &sum); err != nil {
-		t.Fatalf("the summary is not JSON: %v\n%s", err, stdout.String())
-	}
-	if !sum.OK || len(sum.Phases) != 4 {
-		t.Fatalf("summary: ok %v with %d phases, want ok with 4: %v", sum.OK, len(sum.Phases), sum.Failures)
-	}
-	p := sum.Phases[3]
-	if p.Pause == nil || !p.Pause.Sent || p.Refused == 0 {
-		t.Fatalf("phase 4: pause %+v with %d 429s, want a 429 sent", p.Pause, p.Refused)
-	}
-	if !strings.Contains(stderr.String(), "demo     | the provider answered 429 with Retry-After: 1") {
+	if !strings.Contains(stderr.String(), "demo     | the provider answered 429 with Retry-After: 2") {
 		t.Error("phase 4 did not log the 429")
 	}
-	if p.Max1s > p.Bound1s {
-		t.Errorf("phase 4: %d requests in 1 s, bound %d", p.Max1s, p.Bound1s)
+	arrivals := readArrivals(t, sum.CSV)[4]
+	allowed := rate * arrivalJitter.Seconds() // tokens
+
+	if ex := windowExcess(arrivals, burst, rate); ex.tokens > allowed {
+		t.Errorf("phase 4: %s, more than the %.1f tokens %v of arrival jitter allows", ex, allowed, arrivalJitter)
 	}
-	if p.Pause.During != 0 {
-		t.Errorf("phase 4: %d requests arrived from %v after the 429 until the pause ended, want none (%+v)", p.Pause.During, pauseReach, *p.Pause)
+
+	// SentAtS is rounded to the millisecond.
+	reached, end := p.Pause.SentAtS+pauseReach.Seconds(), p.Pause.SentAtS+p.Pause.RetryAfterS
+	var during, after []float64
+	for _, a := range arrivals {
+		switch {
+		case a >= end:
+			after = append(after, a)
+		case a >= reached:
+			during = append(during, a)
+		}
 	}
-	rest := sum.PhaseSeconds - p.Pause.SentAtS - p.Pause.RetryAfterS
-	if want := max(1, int(0.5*sum.PerMinute/60*rest)); p.Pause.After < want {
-		t.Errorf("phase 4: %d requests after the pause, want at least %d in its last %.1fs", p.Pause.After, want, rest)
+	if len(during) > 0 {
+		t.Errorf("phase 4: %d requests arrived from %v after the 429 until the pause ended (%.3fs to %.3fs), want none: %.3f",
+			len(during), pauseReach, reached, end, during)
+	}
+
+	if len(after) < 3 {
+		t.Fatalf("phase 4: %d requests after the pause, too few to tell a rate", len(after))
+	}
+	ex := windowExcess(after, 1, rate)
+	half := 0
+	for i := range after {
+		j, _ := slices.BinarySearch(after, after[i]+0.5+1e-9)
+		half = max(half, j-i)
+	}
+	kept := keptRate(t, after, 1) / rate
+	resumed := after[0] - end
+	t.Logf("phase 4: 429 sent at %.3fs, %d requests in its first %v, %d until the pause ended at %.3fs; resumed %.0f ms after it, %d requests, %.2fx the rate; busiest half second %d; worst window %s",
+		p.Pause.SentAtS, p.Pause.Reaching, pauseReach, len(during), end, 1000*resumed, len(after), kept, half, ex)
+	if ex.tokens > allowed {
+		t.Errorf("phase 4: after the pause, %s (one token and the rate), more than the %.1f tokens %v of arrival jitter allows", ex, allowed, arrivalJitter)
+	}
+	if resumed > 0.5 || kept < 0.85 {
+		t.Errorf("phase 4: the traffic resumed %.0f ms after the pause at %.2fx the rate, want within 500 ms at 0.85x or more", 1000*resumed, kept)
+	}
+}
+
+// TestPlan checks the phases of a run: a fourth with -pause, and a third
+// without an outage when the demo cannot kill Redis.
+func TestPlan(t *testing.T) {
+	ph := plan(true, 2*time.Second)
+	if len(ph) != 4 || !ph[2].outage || ph[3].pause != 2*time.Second || ph[3].mode != modeShared {
+		t.Errorf("plan(true, 2s) = %+v", ph)
+	}
+	ph = plan(false, 0)
+	if len(ph) != 3 || ph[2].outage || ph[2].mode != modeFallback {
+		t.Errorf("plan(false, 0) = %+v", ph)
 	}
 }
 
