@@ -23,6 +23,7 @@ type config struct {
 	redis      string // an existing Redis to use instead of starting one
 	json       bool
 	pause      time.Duration // the pause the provider asks for in a fourth phase; 0 for no fourth phase
+	phases     []int         // the phases to run, by number; all when empty. Not a flag: tests run a phase alone
 }
 
 // ratePerSecond returns the limit in requests per second.

@@ -69,8 +69,10 @@ const arrivalJitter = 100 * time.Millisecond
 //   - with Redis killed for longer than the shared bucket's queue reaches,
 //     every worker falls back to its local share, which grants requests
 //     while Redis is down, logs the outage at WARN and the recovery at INFO
-//     (once each, or twice under load), and ends on the shared bucket; every window stays within the bound plus the
-//     local shares' bursts.
+//     (once each, or twice under load), and ends on the shared bucket; every
+//     window stays within the bound plus the local shares' bursts, and from
+//     the restart on within the bound alone: the shares start empty, and the
+//     fleet leaves them at one instant, settling the shared bucket.
 //
 // The phase that uses local limiters is checked with the same function as
 // the shared ones and must fail it: the bound is tight enough to tell a
@@ -91,16 +93,7 @@ func TestDemo(t *testing.T) {
 	var stdout, stderr bytes.Buffer
 	code := run(ctx, cfg, &stdout, &stderr)
 	t.Logf("output:\n%s", stderr.String())
-	if code != 0 {
-		t.Fatalf("exit code %d, want 0", code)
-	}
-	var sum summary
-	if err := json.Unmarshal(stdout.Bytes(), &sum); err != nil {
-		t.Fatalf("the summary is not JSON: %v\n%s", err, stdout.String())
-	}
-	if !sum.OK || len(sum.Phases) != 3 {
-		t.Fatalf("summary: ok %v with %d phases, want ok with 3: %v", sum.OK, len(sum.Phases), sum.Failures)
-	}
+	sum := readSummary(t, code, stdout.Bytes(), 3)
 	local, shared, outage := sum.Phases[0], sum.Phases[1], sum.Phases[2]
 	arrivals := readArrivals(t, sum.CSV)
 	rate, burst := cfg.ratePerSecond(), float64(cfg.burst)
@@ -188,12 +181,54 @@ func TestDemo(t *testing.T) {
 	if ex.tokens > allowed {
 		t.Errorf("phase 3: %s, more than the %.1f tokens %v of arrival jitter allows", ex, allowed, arrivalJitter)
 	}
+	// From the restart on (RestartedAtS is rounded to 0.1 s), the shared
+	// bucket's bound alone: the local shares grant until the fleet resumes
+	// the shared bucket, which they hand what they hold and promised.
+	ar := outage.AfterRestart
+	if ar == nil {
+		t.Fatal("phase 3: no busiest second after the restart in the summary")
+	}
+	var restarted []float64
+	for _, a := range arrivals[3] {
+		if a >= outage.RestartedAtS-0.05 {
+			restarted = append(restarted, a)
+		}
+	}
+	ex = windowExcess(restarted, burst, rate)
+	t.Logf("phase 3: from the restart on, max in 1 s %d / %d (from %.1fs); worst window %s", ar.Max1s, ar.Bound1s, ar.AtS, ex)
+	if ar.Max1s > ar.Bound1s {
+		t.Errorf("phase 3: %d requests in the second from %.1fs, after the restart, more than burst + rate allow (%d)", ar.Max1s, ar.AtS, ar.Bound1s)
+	}
+	if ex.tokens > allowed {
+		t.Errorf("phase 3: from the restart on, %s, more than the %.1f tokens %v of arrival jitter allows", ex, allowed, arrivalJitter)
+	}
 
 	for _, f := range []string{sum.PNG, sum.SVG, sum.CSV} {
 		if st, err := os.Stat(f); err != nil || st.Size() == 0 {
 			t.Errorf("%s: %v, want a file", f, err)
 		}
 	}
+}
+
+// readSummary reads the JSON summary of a run that exited with code and
+// ran phases phases. A run whose bound failed still has its figures
+// checked.
+func readSummary(t *testing.T, code int, stdout []byte, phases int) summary {
+	t.Helper()
+	if code != 0 {
+		t.Errorf("exit code %d, want 0", code)
+	}
+	var sum summary
+	if err := json.Unmarshal(stdout, &sum); err != nil {
+		t.Fatalf("the summary is not JSON: %v\n%s", err, stdout)
+	}
+	if len(sum.Phases) != phases {
+		t.Fatalf("summary: %d phases, want %d", len(sum.Phases), phases)
+	}
+	if !sum.OK {
+		t.Errorf("summary: not ok: %v", sum.Failures)
+	}
+	return sum
 }
 
 // keptRate returns the rate, per second, of the sorted arrivals at past the
@@ -266,49 +301,93 @@ func windowExcess(at []float64, burst, rate float64) excess {
 	return best
 }
 
-// TestDemoPause runs a short demo with -pause and checks its fourth phase:
-// the provider sent its 429, heard nothing in the second half of the pause,
-// and received requests again after it. The fleet is small enough that the
-// requests granted before the 429 all go out in the pause's first half.
+// TestDemoPause runs the pause phase alone with the demo's default fleet,
+// 4 workers x 8 goroutines on 600/min (burst 10), whose grants queue about
+// 3 s ahead, and -pause 2s, shorter than the queue. From what the provider
+// received it checks that the pause reaches the grants already queued, in
+// every worker: nothing arrives from 50 ms after the 429 until the pause
+// ends (without the reach, the queue would fill that time at the rate), and
+// then the queue resumes at the rate, not in a burst: every window after
+// the pause holds at most one token plus the rate over it.
 func TestDemoPause(t *testing.T) {
 	requireRedis(t)
 	out := t.TempDir()
-	cfg, err := parseFlags([]string{"-workers", "2", "-goroutines", "2", "-rate", "1200", "-duration", "3s",
-		"-latency", "20ms", "-pause", "1s", "-json", "-out", out}, os.Stderr)
+	cfg, err := parseFlags([]string{"-pause", "2s", "-json", "-out", out}, os.Stderr)
 	if err != nil {
 		t.Fatal(err)
+	}
+	cfg.phases = []int{4}
+	rate, burst := cfg.ratePerSecond(), float64(cfg.burst)
+	if queue := float64(cfg.workers*cfg.goroutines) / rate; queue <= cfg.retryAfter().Seconds() {
+		t.Fatalf("the fleet queues %.1fs ahead, not more than the %v pause: it would pause without reaching the queue", queue, cfg.retryAfter())
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	var stdout, stderr bytes.Buffer
 	code := run(ctx, cfg, &stdout, &stderr)
 	t.Logf("output:\n%s", stderr.String())
-	if code != 0 {
-		t.Fatalf("exit code %d, want 0", code)
+	sum := readSummary(t, code, stdout.Bytes(), 1)
+	p := sum.Phases[0]
+	if p.Phase != 4 || p.Pause == nil || !p.Pause.Sent || p.Refused == 0 {
+		t.Fatalf("phase %d: pause %+v with %d 429s, want phase 4 with a 429 sent", p.Phase, p.Pause, p.Refused)
 	}
-	var sum summary
-	if err := json.Unmarshal(stdout.Bytes(), &sum); err != nil {
-		t.Fatalf("the summary is not JSON: %v\n%s", err, stdout.String())
-	}
-	if !sum.OK || len(sum.Phases) != 4 {
-		t.Fatalf("summary: ok %v with %d phases, want ok with 4: %v", sum.OK, len(sum.Phases), sum.Failures)
-	}
-	p := sum.Phases[3]
-	if p.Pause == nil || !p.Pause.Sent || p.Refused == 0 {
-		t.Fatalf("phase 4: pause %+v with %d 429s, want a 429 sent", p.Pause, p.Refused)
-	}
-	if !strings.Contains(stderr.String(), "demo     | the provider answered 429 with Retry-After: 1") {
+	if !strings.Contains(stderr.String(), "demo     | the provider answered 429 with Retry-After: 2") {
 		t.Error("phase 4 did not log the 429")
 	}
-	if p.Max1s > p.Bound1s {
-		t.Errorf("phase 4: %d requests in 1 s, bound %d", p.Max1s, p.Bound1s)
+	arrivals := readArrivals(t, sum.CSV)[4]
+	allowed := rate * arrivalJitter.Seconds() // tokens
+
+	if ex := windowExcess(arrivals, burst, rate); ex.tokens > allowed {
+		t.Errorf("phase 4: %s, more than the %.1f tokens %v of arrival jitter allows", ex, allowed, arrivalJitter)
 	}
-	if p.Pause.SecondHalf != 0 {
-		t.Errorf("phase 4: %d requests arrived in the second half of the pause, want none (%+v)", p.Pause.SecondHalf, *p.Pause)
+
+	// SentAtS is rounded to the millisecond.
+	reached, end := p.Pause.SentAtS+pauseReach.Seconds(), p.Pause.SentAtS+p.Pause.RetryAfterS
+	var during, after []float64
+	for _, a := range arrivals {
+		switch {
+		case a >= end:
+			after = append(after, a)
+		case a >= reached:
+			during = append(during, a)
+		}
 	}
-	rest := sum.PhaseSeconds - p.Pause.SentAtS - p.Pause.RetryAfterS
-	if want := max(1, int(0.5*sum.PerMinute/60*rest)); p.Pause.After < want {
-		t.Errorf("phase 4: %d requests after the pause, want at least %d in its last %.1fs", p.Pause.After, want, rest)
+	if len(during) > 0 {
+		t.Errorf("phase 4: %d requests arrived from %v after the 429 until the pause ended (%.3fs to %.3fs), want none: %.3f",
+			len(during), pauseReach, reached, end, during)
+	}
+
+	if len(after) < 3 {
+		t.Fatalf("phase 4: %d requests after the pause, too few to tell a rate", len(after))
+	}
+	ex := windowExcess(after, 1, rate)
+	half := 0
+	for i := range after {
+		j, _ := slices.BinarySearch(after, after[i]+0.5+1e-9)
+		half = max(half, j-i)
+	}
+	kept := keptRate(t, after, 1) / rate
+	resumed := after[0] - end
+	t.Logf("phase 4: 429 sent at %.3fs, %d requests in its first %v, %d until the pause ended at %.3fs; resumed %.0f ms after it, %d requests, %.2fx the rate; busiest half second %d; worst window %s",
+		p.Pause.SentAtS, p.Pause.Reaching, pauseReach, len(during), end, 1000*resumed, len(after), kept, half, ex)
+	if ex.tokens > allowed {
+		t.Errorf("phase 4: after the pause, %s (one token and the rate), more than the %.1f tokens %v of arrival jitter allows", ex, allowed, arrivalJitter)
+	}
+	if resumed > 0.5 || kept < 0.85 {
+		t.Errorf("phase 4: the traffic resumed %.0f ms after the pause at %.2fx the rate, want within 500 ms at 0.85x or more", 1000*resumed, kept)
+	}
+}
+
+// TestPlan checks the phases of a run: a fourth with -pause, and a third
+// without an outage when the demo cannot kill Redis.
+func TestPlan(t *testing.T) {
+	ph := plan(true, 2*time.Second)
+	if len(ph) != 4 || !ph[2].outage || ph[3].pause != 2*time.Second || ph[3].mode != modeShared {
+		t.Errorf("plan(true, 2s) = %+v", ph)
+	}
+	ph = plan(false, 0)
+	if len(ph) != 3 || ph[2].outage || ph[2].mode != modeFallback {
+		t.Errorf("plan(false, 0) = %+v", ph)
 	}
 }
 
@@ -339,45 +418,50 @@ func TestPauseFlag(t *testing.T) {
 	}
 }
 
-// TestSummarizePause checks which arrivals count as during the pause, in
-// its second half and after it.
+// TestSummarizePause checks which arrivals count as in the pause's first
+// 50 ms, during the rest of it and after it, and the busiest second after.
 func TestSummarizePause(t *testing.T) {
 	start := time.Unix(0, 0)
 	r := phaseResult{phase: phase{pause: time.Second}, start: start, pauseSent: 4 * time.Second}
-	for _, ms := range []int{3900, 4000, 4100, 4499, 4500, 4999, 5000, 6000} {
+	for _, ms := range []int{3900, 4000, 4030, 4049, 4050, 4999, 5020, 5100, 6000, 6100} {
 		r.arrivals = append(r.arrivals, provider.Arrival{At: start.Add(time.Duration(ms) * time.Millisecond)})
 	}
-	got := *summarizePause(r)
-	want := pauseSummary{RetryAfterS: 1, Sent: true, SentAtS: 4, During: 4, LastMS: 999, SecondHalf: 2, After: 2}
+	got := *summarizePause(r, 20)
+	want := pauseSummary{RetryAfterS: 1, Sent: true, SentAtS: 4, Reaching: 2, During: 2, LastMS: 999, After: 4, ResumedMS: 20,
+		Busiest: busiest{Max1s: 3, AtS: 5.02, Bound1s: 20}}
 	if got != want {
 		t.Errorf("summarizePause = %+v, want %+v", got, want)
 	}
-	if got := *summarizePause(phaseResult{phase: phase{pause: time.Second}}); got != (pauseSummary{RetryAfterS: 1}) {
+	if got := *summarizePause(phaseResult{phase: phase{pause: time.Second}}, 20); got != (pauseSummary{RetryAfterS: 1}) {
 		t.Errorf("summarizePause without a 429 = %+v", got)
 	}
 }
 
-// TestWritePause checks the line under the table for a fleet that paused
-// at once, one that paused late, one that did not and a 429 never sent.
+// TestWritePause checks the lines under the table for a pause that reached
+// the fleet, one that did not, one after which nothing arrived and a 429
+// never sent.
 func TestWritePause(t *testing.T) {
 	s := summary{PerMinute: 600}
+	b := busiest{Max1s: 11, AtS: 7.04, Bound1s: 20}
 	for _, tc := range []struct {
-		pause  pauseSummary
-		waitMS float64
-		want   string
+		pause pauseSummary
+		want  string
 	}{
-		{pauseSummary{RetryAfterS: 2, Sent: true, SentAtS: 4.8, After: 30}, 100,
-			"the fleet paused at once; 30 arrived after the pause."},
-		{pauseSummary{RetryAfterS: 2, Sent: true, SentAtS: 4.8, During: 5, LastMS: 480, After: 30}, 500,
-			"5 requests arrived after it and before the pause ended:\n  the fleet paused 480 ms after the 429, 1520 ms before the pause ended; 30 arrived after the pause.\n"},
-		{pauseSummary{RetryAfterS: 2, Sent: true, SentAtS: 4.8, During: 20, LastMS: 1900, SecondHalf: 10, After: 30}, 3000,
-			"the last 1900 ms after the 429: the fleet did not pause; 30 arrived after the pause.\n  Requests waited 3.00s at p50, longer than the pause"},
-		{pauseSummary{RetryAfterS: 2}, 0, "no request reached the provider"},
+		{pauseSummary{RetryAfterS: 2, Sent: true, SentAtS: 4.8, Reaching: 2, After: 30, ResumedMS: 8, Busiest: b},
+			"Phase 4: 429 with Retry-After: 2 sent at 4.8s, a pause until 6.8s; 2 requests arrived in the\n" +
+				"  first 50 ms, due before the pause reached them, and 0 from then until the pause ended.\n" +
+				"  The traffic resumed 8 ms after the pause ended: 30 requests, max in 1 s 11 / 20 (from 7.0s).\n"},
+		{pauseSummary{RetryAfterS: 2, Sent: true, SentAtS: 4.8, During: 20, LastMS: 1900, After: 30, ResumedMS: 5, Busiest: b},
+			"0 requests arrived in the\n  first 50 ms and 20 from then until the pause ended,\n" +
+				"  the last 1900 ms after the 429: the pause did not reach every grant already queued.\n" +
+				"  After the pause, 30 requests, the first 5 ms after its end; max in 1 s 11 / 20 (from 7.0s).\n"},
+		{pauseSummary{RetryAfterS: 2, Sent: true, SentAtS: 4.8, Reaching: 1}, "1 request arrived in the\n  first 50 ms, due before the pause reached them, and 0 from then until the pause ended.\n  No request arrived after the pause.\n"},
+		{pauseSummary{RetryAfterS: 2}, "no request reached the provider"},
 	} {
-		var b strings.Builder
-		s.writePause(&b, phaseSummary{Phase: 4, WaitP50MS: tc.waitMS, Pause: &tc.pause})
-		if !strings.Contains(b.String(), tc.want) {
-			t.Errorf("%+v:\n%s\nwant it to contain %q", tc.pause, b.String(), tc.want)
+		var w strings.Builder
+		s.writePause(&w, phaseSummary{Phase: 4, Pause: &tc.pause})
+		if !strings.Contains(w.String(), tc.want) {
+			t.Errorf("%+v:\n%s\nwant it to contain\n%s", tc.pause, w.String(), tc.want)
 		}
 	}
 }
@@ -394,15 +478,18 @@ func TestMaxInWindow(t *testing.T) {
 	for _, tc := range []struct {
 		arrivals []provider.Arrival
 		want     int
+		fromMS   int // the first arrival of the first busiest window
 	}{
-		{nil, 0},
-		{at(0), 1},
-		{at(0, 1000), 2}, // closed at both ends
-		{at(0, 1001), 1},
-		{at(0, 500, 900, 1400, 1500), 4},
+		{nil, 0, 0},
+		{at(0), 1, 0},
+		{at(0, 1000), 2, 0}, // closed at both ends
+		{at(0, 1001), 1, 0},
+		{at(0, 500, 900, 1400, 1500), 4, 500},
+		{at(0, 100, 1200, 1300), 2, 0},
 	} {
-		if got := maxInWindow(tc.arrivals, time.Second); got != tc.want {
-			t.Errorf("maxInWindow(%v) = %d, want %d", tc.arrivals, got, tc.want)
+		got, from := maxInWindow(tc.arrivals, time.Second)
+		if got != tc.want || (got > 0 && from != t0.Add(time.Duration(tc.fromMS)*time.Millisecond)) {
+			t.Errorf("maxInWindow(%v) = %d from %v, want %d from %d ms", tc.arrivals, got, from, tc.want, tc.fromMS)
 		}
 	}
 }

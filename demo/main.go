@@ -7,11 +7,14 @@
 // in Redis, the same four send exactly 600/min. The third phase kills Redis
 // with SIGKILL in the middle and restarts it: with quota.FallbackLocal each
 // worker falls back to a quarter of the limit, logs the change loudly, and
-// returns to the shared bucket when Redis is back. With -pause, a fourth
-// phase uses the shared bucket again, and 40% into it the provider answers
-// one request with 429 and Retry-After: the worker that receives it pauses
-// the shared bucket, and the demo reports how long after the 429 requests
-// still arrived and when the traffic resumed.
+// returns to the shared bucket when Redis is back, the whole fleet at one
+// instant; the demo reports the busiest second from the restart on. With
+// -pause, a fourth phase uses the shared bucket again, and 40% into it the
+// provider answers one request with 429 and Retry-After: the worker that
+// receives it pauses the shared bucket, the pause reaches every worker and
+// every grant already queued, and the demo reports the requests that still
+// arrived from 50 ms after the 429 until the pause ended, when the traffic
+// resumed and its busiest second after the pause.
 //
 // The demo starts everything it needs on loopback: a redis-server (unless
 // -redis is given), a fake provider that enforces the limit with 429s, and

@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 
 	"github.com/sharedquota/quota/demo/internal/chart"
@@ -47,6 +48,9 @@ func run(ctx context.Context, cfg config, stdout, stderr io.Writer) int {
 
 	var results []phaseResult
 	for _, ph := range plan(d.redis != nil, cfg.retryAfter()) {
+		if len(cfg.phases) > 0 && !slices.Contains(cfg.phases, ph.num) {
+			continue
+		}
 		res, err := d.runPhase(ctx, ph)
 		if err != nil {
 			d.display.Close()

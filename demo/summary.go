@@ -49,16 +49,23 @@ type phaseSummary struct {
 	WaitP99MS float64 `json:"wait_p99_ms"`
 	Failed    int     `json:"failed"` // requests the workers' limiters refused or lost
 
-	RedisKilled   bool    `json:"redis_killed"`
-	KilledAtS     float64 `json:"killed_at_s,omitempty"`
-	RestartedAtS  float64 `json:"restarted_at_s,omitempty"`
-	OutageLogs    int     `json:"outage_logs"`   // WARN "quota: Redis unavailable…" records from the workers
-	RecoveryLogs  int     `json:"recovery_logs"` // INFO "quota: Redis available again…" records
-	LocalServed   int     `json:"local_served"`  // requests the local shares granted during the outage, as the recovery records count them
-	WorkersShared int     `json:"workers_shared_at_end"`
+	RedisKilled   bool     `json:"redis_killed"`
+	KilledAtS     float64  `json:"killed_at_s,omitempty"`
+	RestartedAtS  float64  `json:"restarted_at_s,omitempty"`
+	OutageLogs    int      `json:"outage_logs"`   // WARN "quota: Redis unavailable…" records from the workers
+	RecoveryLogs  int      `json:"recovery_logs"` // INFO "quota: Redis available again…" records
+	LocalServed   int      `json:"local_served"`  // requests the local shares granted during the outage, as the recovery records count them
+	WorkersShared int      `json:"workers_shared_at_end"`
+	AfterRestart  *busiest `json:"after_restart,omitempty"` // the busiest second from Redis's restart on, within burst + rate: the local shares start empty
 
 	Pause *pauseSummary `json:"pause,omitempty"` // in the phase in which the provider asks for a pause
 }
+
+// pauseReach is how long after the 429 the pause may take to reach every
+// worker and every grant already queued: the worker that receives the 429
+// records the pause in Redis, which announces it to the others. Requests
+// granted before the 429 and due within it go out.
+const pauseReach = 50 * time.Millisecond
 
 // A pauseSummary is what the provider received around the 429 with which
 // it asked for a pause. The pause runs from the instant the 429 was sent
@@ -67,35 +74,61 @@ type pauseSummary struct {
 	RetryAfterS float64 `json:"retry_after_s"` // the pause asked for
 	Sent        bool    `json:"sent"`          // whether the 429 went out
 	SentAtS     float64 `json:"sent_at_s"`     // when, since the phase started
-	During      int     `json:"during"`        // requests that arrived after the 429 and before the pause ended
+	Reaching    int     `json:"reaching"`      // requests that arrived in the first 50 ms after the 429, while the pause reached the fleet
+	During      int     `json:"during"`        // requests that arrived from 50 ms after the 429 until the pause ended: none if the pause reached every grant
 	LastMS      float64 `json:"last_ms"`       // how long after the 429 the last of those arrived; 0 if none did
-	SecondHalf  int     `json:"second_half"`   // of those, the ones that arrived in the pause's second half
 	After       int     `json:"after"`         // requests that arrived after the pause, until the phase ended
+	ResumedMS   float64 `json:"resumed_ms"`    // how long after the pause ended the first of those arrived; 0 if none did
+	Busiest     busiest `json:"busiest_after"` // the busiest second after the pause
+}
+
+// A busiest is the busiest second of a phase from an instant on (the
+// restart of Redis, the end of a pause) to the phase's end.
+type busiest struct {
+	Max1s   int     `json:"max_1s"`   // the most requests in any 1-second window from the instant on
+	AtS     float64 `json:"at_s"`     // when the first such window begins, since the phase started
+	Bound1s int     `json:"bound_1s"` // the most the limit allows in 1 s: burst + rate
+}
+
+// busiestFrom returns the busiest second of r's arrivals from its instant
+// from on, against bound.
+func busiestFrom(r phaseResult, from time.Duration, bound int) busiest {
+	at := r.start.Add(from)
+	i, _ := slices.BinarySearchFunc(r.arrivals, at, func(a provider.Arrival, t time.Time) int { return a.At.Compare(t) })
+	n, first := maxInWindow(r.arrivals[i:], time.Second)
+	b := busiest{Max1s: n, Bound1s: bound}
+	if n > 0 {
+		b.AtS = math.Round(first.Sub(r.start).Seconds()*1000) / 1000
+	}
+	return b
 }
 
 // summarizePause counts the arrivals around the 429 of r, which asked for a
-// pause.
-func summarizePause(r phaseResult) *pauseSummary {
+// pause; bound is the most the limit allows in 1 s.
+func summarizePause(r phaseResult, bound int) *pauseSummary {
 	p := &pauseSummary{RetryAfterS: r.pause.Seconds(), Sent: r.pauseSent > 0}
 	if !p.Sent {
 		return p
 	}
 	p.SentAtS = math.Round(r.pauseSent.Seconds()*1000) / 1000
 	sent := r.start.Add(r.pauseSent)
-	half, end := sent.Add(r.pause/2), sent.Add(r.pause)
+	reached, end := sent.Add(pauseReach), sent.Add(r.pause)
 	for _, a := range r.arrivals {
 		switch {
 		case !a.At.After(sent):
+		case a.At.Before(reached):
+			p.Reaching++
 		case a.At.Before(end):
 			p.During++
 			p.LastMS = float64(a.At.Sub(sent).Microseconds()) / 1000
-			if !a.At.Before(half) {
-				p.SecondHalf++
-			}
 		default:
+			if p.After == 0 {
+				p.ResumedMS = float64(a.At.Sub(end).Microseconds()) / 1000
+			}
 			p.After++
 		}
 	}
+	p.Busiest = busiestFrom(r, r.pauseSent+r.pause, bound)
 	return p
 }
 
@@ -127,7 +160,7 @@ func summarize(c config, results []phaseResult) summary {
 		}
 		p.PerMinute *= 60 / (r.end.Sub(r.start) - steady).Seconds()
 		p.XLimit = p.PerMinute / c.perMinute
-		p.Max1s = maxInWindow(r.arrivals, time.Second)
+		p.Max1s, _ = maxInWindow(r.arrivals, time.Second)
 		var waits []float64
 		for _, w := range r.reports {
 			waits = append(waits, w.WaitsMS...)
@@ -142,18 +175,29 @@ func summarize(c config, results []phaseResult) summary {
 		case modeShared:
 			p.Checked = true
 			if r.pause > 0 {
-				p.Pause = summarizePause(r)
+				p.Pause = summarizePause(r, bound)
 			}
 		case modeFallback:
 			p.Checked = true
 			p.Bound1s += localBursts
 			p.RedisKilled = r.killed > 0
 			p.KilledAtS, p.RestartedAtS = round1(r.killed.Seconds()), round1(r.restarted.Seconds())
+			if r.restarted > 0 {
+				// The local shares start empty, and the fleet settles the
+				// shared bucket when it leaves them: no burst of their own.
+				b := busiestFrom(r, r.restarted, bound)
+				p.AfterRestart = &b
+			}
 		}
 		if p.Checked && p.Max1s > p.Bound1s {
 			s.OK = false
 			s.Failures = append(s.Failures, fmt.Sprintf("phase %d (%s): the provider received %d requests in one second, more than the %d the limit allows",
 				p.Phase, p.Name, p.Max1s, p.Bound1s))
+		}
+		if b := p.AfterRestart; b != nil && b.Max1s > b.Bound1s {
+			s.OK = false
+			s.Failures = append(s.Failures, fmt.Sprintf("phase %d (%s): the provider received %d requests in one second from %.1fs, after the restart, more than the %d the limit allows",
+				p.Phase, p.Name, b.Max1s, b.AtS, b.Bound1s))
 		}
 		s.Phases = append(s.Phases, p)
 	}
@@ -183,12 +227,12 @@ func (s summary) writeTable(w io.Writer) {
 	fmt.Fprintln(w, "wait: how long requests waited for their limiter before they were sent.")
 	for _, p := range s.Phases {
 		if p.RedisKilled {
-			requests := "requests"
-			if p.LocalServed == 1 {
-				requests = "request"
+			fmt.Fprintf(w, "Phase 3: Redis killed at %.1fs and restarted at %.1fs; %d of %d workers logged the outage (WARN),\n  %d the recovery (INFO); the local shares granted %s meanwhile; %d ended on the shared bucket.\n",
+				p.KilledAtS, p.RestartedAtS, p.OutageLogs, s.Workers, p.RecoveryLogs, requests(p.LocalServed), p.WorkersShared)
+			if b := p.AfterRestart; b != nil {
+				fmt.Fprintf(w, "  From the restart on, max in 1 s %d / %d (from %.1fs): burst + rate, the local shares start empty.\n",
+					b.Max1s, b.Bound1s, b.AtS)
 			}
-			fmt.Fprintf(w, "Phase 3: Redis killed at %.1fs and restarted at %.1fs; %d of %d workers logged the outage (WARN),\n  %d the recovery (INFO); the local shares granted %d %s meanwhile; %d ended on the shared bucket.\n",
-				p.KilledAtS, p.RestartedAtS, p.OutageLogs, s.Workers, p.RecoveryLogs, p.LocalServed, requests, p.WorkersShared)
 		}
 		if p.Pause != nil {
 			s.writePause(w, p)
@@ -206,43 +250,60 @@ func (s summary) writeTable(w io.Writer) {
 }
 
 // writePause says what the provider received around the 429 of phase p,
-// which asked for a pause. The fleet counts as paused when the provider
-// heard nothing for the pause's last two intervals between requests at the
-// limit, or longer.
+// which asked for a pause: in the first milliseconds, while the pause
+// reached the fleet, then until the pause ended (nothing, when it reached
+// every grant already queued), and after it.
 func (s summary) writePause(w io.Writer, p phaseSummary) {
 	ps := p.Pause
 	if !ps.Sent {
 		fmt.Fprintf(w, "Phase %d: no request reached the provider to be answered with 429 and Retry-After: %.0f.\n", p.Phase, ps.RetryAfterS)
 		return
 	}
-	fmt.Fprintf(w, "Phase %d: 429 with Retry-After: %.0f sent at %.1fs; ", p.Phase, ps.RetryAfterS, ps.SentAtS)
-	quiet := ps.RetryAfterS*1000 - ps.LastMS
-	switch {
-	case ps.During == 0:
-		fmt.Fprint(w, "no request arrived after it before the pause ended:\n  the fleet paused at once")
-	case quiet >= 2*60000/s.PerMinute:
-		fmt.Fprintf(w, "%d requests arrived after it and before the pause ended:\n  the fleet paused %.0f ms after the 429, %.0f ms before the pause ended",
-			ps.During, ps.LastMS, quiet)
-	default:
-		fmt.Fprintf(w, "%d requests arrived after it and before the pause ended,\n  the last %.0f ms after the 429: the fleet did not pause", ps.During, ps.LastMS)
+	fmt.Fprintf(w, "Phase %d: 429 with Retry-After: %.0f sent at %.1fs, a pause until %.1fs; %s arrived in the\n  first %d ms",
+		p.Phase, ps.RetryAfterS, ps.SentAtS, ps.SentAtS+ps.RetryAfterS, requests(ps.Reaching), pauseReach.Milliseconds())
+	if ps.Reaching > 0 {
+		fmt.Fprint(w, ", due before the pause reached them,")
 	}
-	fmt.Fprintf(w, "; %d arrived after the pause.\n", ps.After)
-	if ps.During > 0 && p.WaitP50MS > ps.RetryAfterS*1000 {
-		fmt.Fprintf(w, "  Requests waited %s at p50, longer than the pause: those granted before the 429 go out as scheduled.\n", ms(p.WaitP50MS))
+	fmt.Fprintf(w, " and %d from then until the pause ended", ps.During)
+	if ps.During > 0 {
+		fmt.Fprintf(w, ",\n  the last %.0f ms after the 429: the pause did not reach every grant already queued", ps.LastMS)
+	}
+	fmt.Fprintln(w, ".")
+	b := ps.Busiest
+	switch {
+	case ps.After == 0:
+		fmt.Fprintln(w, "  No request arrived after the pause.")
+	case ps.During == 0:
+		fmt.Fprintf(w, "  The traffic resumed %.0f ms after the pause ended: %s, max in 1 s %d / %d (from %.1fs).\n",
+			ps.ResumedMS, requests(ps.After), b.Max1s, b.Bound1s, b.AtS)
+	default:
+		fmt.Fprintf(w, "  After the pause, %s, the first %.0f ms after its end; max in 1 s %d / %d (from %.1fs).\n",
+			requests(ps.After), ps.ResumedMS, b.Max1s, b.Bound1s, b.AtS)
 	}
 }
 
+// requests counts requests in words: "1 request", "2 requests".
+func requests(n int) string {
+	if n == 1 {
+		return "1 request"
+	}
+	return fmt.Sprintf("%d requests", n)
+}
+
 // maxInWindow returns the most arrivals in any window of length w, closed
-// at both ends.
-func maxInWindow(arrivals []provider.Arrival, w time.Duration) int {
+// at both ends, and the first arrival of the first such window.
+func maxInWindow(arrivals []provider.Arrival, w time.Duration) (int, time.Time) {
 	best, j := 0, 0
+	var from time.Time
 	for i := range arrivals {
 		for j < len(arrivals) && arrivals[j].At.Sub(arrivals[i].At) <= w {
 			j++
 		}
-		best = max(best, j-i)
+		if j-i > best {
+			best, from = j-i, arrivals[i].At
+		}
 	}
-	return best
+	return best, from
 }
 
 // percentile returns the p-th percentile of xs by nearest rank, 0 for none.
