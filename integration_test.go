@@ -112,13 +112,6 @@ func maxInWindow(grants []time.Time, w time.Duration) int {
 	return best
 }
 
-// stampSlack widens the windows of assertions on the instants callers or a
-// provider saw, which a loaded machine delays by up to a few tens of
-// milliseconds: a window of them can hold the grants of a slightly longer
-// window of the schedule. The swarm tests count due instants instead, with
-// no slack (see checkExact).
-const stampSlack = 25 * time.Millisecond
-
 // bound is the most grants a bucket of lim may issue in a window of w.
 func bound(lim Limit, w time.Duration) int {
 	lim, _ = lim.resolve()

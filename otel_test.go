@@ -427,6 +427,6 @@ func TestPauseSpan(t *testing.T) {
 		t.Fatalf("no quota.pause span under the caller's span after a 429 with Retry-After: %v", pause)
 	}
 	if got := attrs(pause)["quota.pause.seconds"]; got.AsFloat64() != 1 {
-		t.Errorf("quota.pause.seconds = %v, want the Retry-After of 1", got.Emit())
+		t.Errorf("quota.pause.seconds = %v, want the Retry-After of 1", got.String())
 	}
 }
