@@ -83,8 +83,10 @@ func TestShortRun(t *testing.T) {
 		switch r.name {
 		case "quota Limiter.Wait":
 			for i, c := range r.swarms {
+				// One script call a grant, and once per bucket the read of
+				// its pause record when the first caller sleeps on it.
 				if c.commands > int64(c.grants)+1 {
-					t.Errorf("quota, %d goroutines: %d Redis commands for %d grants, want one a grant", c.goroutines, c.commands, c.grants)
+					t.Errorf("quota, %d goroutines: %d Redis commands for %d grants, want one a grant and one more", c.goroutines, c.commands, c.grants)
 				}
 				if c.excess > exactTolerance {
 					t.Errorf("quota, %d goroutines: %.2f grants more in a window than Burst + Rate x its length", c.goroutines, c.excess)
@@ -93,8 +95,8 @@ func TestShortRun(t *testing.T) {
 				if want := 0.8 * (float64(lim.Burst) + lim.Rate); float64(c.maxIn1s) < want {
 					t.Errorf("quota, %d goroutines: at most %d grants in 1 s, want at least %.0f", c.goroutines, c.maxIn1s, want)
 				}
-				if cell, want := row[fmt.Sprintf("cmds/grant ×%d", c.goroutines)], fmtFloat(c.perGrant()); !strings.HasPrefix(cell, want+" ") || want != "1.000" {
-					t.Errorf("quota: cmds/grant ×%d is %q, want 1.000 from %d commands for %d grants", cfg.swarms[i], cell, c.commands, c.grants)
+				if cell, want := row[fmt.Sprintf("cmds/grant ×%d", c.goroutines)], fmtFloat(c.perGrant()); !strings.HasPrefix(cell, want+" ") {
+					t.Errorf("quota: cmds/grant ×%d is %q, want %s from %d commands for %d grants", cfg.swarms[i], cell, want, c.commands, c.grants)
 				}
 			}
 			if row["exact"] != "yes" || row["1 trip"] != "yes" {
