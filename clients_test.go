@@ -49,7 +49,7 @@ func takeAndRefuse(t *testing.T, l *Limiter, name string) {
 	if err := l.Wait(ctx, name, slowLimit); err != nil {
 		t.Fatalf("Wait(%.40q): %v", name, err)
 	}
-	short, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	short, cancel := context.WithTimeout(ctx, 5*time.Second) // refused at once: the token is 100 s away
 	defer cancel()
 	if err := l.Wait(short, name, slowLimit); !errors.Is(err, ErrWouldExceedDeadline) {
 		t.Fatalf("second Wait(%.40q) on an empty bucket: err = %v, want ErrWouldExceedDeadline", name, err)
@@ -197,7 +197,7 @@ func TestNoScriptOnCluster(t *testing.T) {
 	// EVAL that follows caches the script there again.
 	flush()
 	for _, name := range names {
-		short, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+		short, cancel := context.WithTimeout(ctx, 5*time.Second) // refused at once: the token is 100 s away
 		err := l.Wait(short, name, slowLimit)
 		cancel()
 		if !errors.Is(err, ErrWouldExceedDeadline) {

@@ -672,10 +672,8 @@ func (spec workerSpec) options() []Option {
 }
 
 // acquirer returns how each of the worker's goroutines acquires one grant
-// through rdb, WaitAll on the spec's layers by default, and what to call
-// after the run, before the client is closed: it waits for the Limiter's
-// work in the background (bucket updates from a provider's answers).
-func (spec workerSpec) acquirer(rdb redis.UniversalClient) (acquire acquireFunc, settle func()) {
+// through rdb: WaitAll on the spec's layers by default.
+func (spec workerSpec) acquirer(rdb redis.UniversalClient) acquireFunc {
 	cost := spec.Cost
 	if cost == 0 {
 		cost = 1
@@ -684,10 +682,9 @@ func (spec workerSpec) acquirer(rdb redis.UniversalClient) (acquire acquireFunc,
 	switch {
 	case spec.Naive:
 		key, _ := bucketKey(DefaultPrefix, spec.Key)
-		return func(ctx context.Context) error { return naiveWait(ctx, rdb.(*redis.Client), key, spec.Limit) }, func() {}
+		return func(ctx context.Context) error { return naiveWait(ctx, rdb.(*redis.Client), key, spec.Limit) }
 	case spec.URL != "":
-		tr := NewTransport(rdb, spec.Limit, spec.options()...)
-		client := &http.Client{Transport: tr}
+		client := &http.Client{Transport: NewTransport(rdb, spec.Limit, spec.options()...)}
 		return func(ctx context.Context) error {
 			req, err := http.NewRequestWithContext(ctx, "GET", spec.URL, nil)
 			if err != nil {
@@ -698,10 +695,10 @@ func (spec workerSpec) acquirer(rdb redis.UniversalClient) (acquire acquireFunc,
 				resp.Body.Close()
 			}
 			return err
-		}, tr.Limiter().updates.wg.Wait
+		}
 	default:
 		l := NewLimiter(rdb, spec.options()...)
-		return func(ctx context.Context) error { return l.WaitAll(ctx, spec.Key, cost, lims...) }, l.updates.wg.Wait
+		return func(ctx context.Context) error { return l.WaitAll(ctx, spec.Key, cost, lims...) }
 	}
 }
 
@@ -711,10 +708,12 @@ func runWorker() int {
 		fmt.Fprintln(os.Stderr, "worker:", err)
 		return 2
 	}
+	// The client stays open until the process exits: closing it after the
+	// run would fail the Limiter's bucket updates still in flight, and log
+	// them.
 	rdb := spec.client()
-	defer rdb.Close()
 	rdb.AddHook(dueHook{})
-	acquire, settle := spec.acquirer(rdb)
+	acquire := spec.acquirer(rdb)
 	ctx, cancel := context.WithTimeout(context.Background(), workerReadyTimeout)
 	err := warmUp(ctx, rdb, spec.Key, spec.Goroutines)
 	cancel()
@@ -732,7 +731,6 @@ func runWorker() int {
 		return 2
 	}
 	grants, err := swarm(context.Background(), spec.Goroutines, start.Start, spec.Duration, acquire)
-	settle()
 	rep := workerReport{Stamps: grants, Commands: int64(cmds.total())}
 	for _, g := range grants {
 		rep.Grants = append(rep.Grants, g.Woke)
