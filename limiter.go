@@ -28,15 +28,17 @@ const refundTimeout = time.Second
 // A Limiter is safe for concurrent use. Most callers want a Transport, which
 // waits for a token before each HTTP request; Wait serves everything else.
 type Limiter struct {
-	cfg      config
-	store    *store
-	obs      observer
-	breaker  breaker
-	locals   localLimiters
-	workers  workers
-	updates  updates
-	sleepers sleepers
-	resume   *script // resume.lua
+	cfg        config
+	store      *store
+	obs        observer
+	breaker    breaker
+	locals     localLimiters
+	workers    workers
+	updates    updates
+	sleepers   sleepers
+	slots      *slots
+	localSlots localSlots
+	resume     *script // resume.lua
 }
 
 // NewLimiter returns a Limiter that keeps its buckets in rdb, which may be a
@@ -51,6 +53,7 @@ func NewLimiter(rdb redis.Scripter, opts ...Option) *Limiter {
 		cfg:    cfg,
 		store:  newStore(rdb, cfg),
 		obs:    newObserver(cfg),
+		slots:  newSlots(rdb, cfg),
 		resume: newScript(rdb, resumeSource),
 	}
 	client := describeClient(rdb)
@@ -118,23 +121,51 @@ func (l *Limiter) WaitN(ctx context.Context, name string, lim Limit, n float64) 
 // or from none; the wait is the longest of the layers'. The first layer
 // lives under the bucket's key and each further one under a key of its own
 // in the same Redis Cluster slot.
-func (l *Limiter) WaitAll(ctx context.Context, name string, n float64, lims ...Limit) (err error) {
+func (l *Limiter) WaitAll(ctx context.Context, name string, n float64, lims ...Limit) error {
+	_, err := l.acquire(ctx, name, n, lims, 0)
+	return err
+}
+
+// acquire waits for n tokens of the bucket called name with layers lims,
+// then, when slots is above zero, for one of its slots: the caller seeks
+// its slot once its tokens fall due, so that a caller waiting for tokens
+// holds no slot. When no slot comes, the tokens go back to the bucket.
+func (l *Limiter) acquire(ctx context.Context, name string, n float64, lims []Limit, slots int) (_ *Slot, err error) {
 	ctx, span := l.obs.start(ctx, name, n)
 	span.mode = l.breaker.mode()
 	defer func() { span.end(err) }()
 
 	b, err := l.bucket(name, lims)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	span.limit(b.lims[0])
 	if err := b.checkTokens(n); err != nil {
-		return err
+		return nil, err
+	}
+	if slots != 0 {
+		if err := checkSlots(slots); err != nil {
+			return nil, err
+		}
 	}
 	if err := ctx.Err(); err != nil {
-		return err
+		return nil, err
 	}
+	g, err := l.waitTokens(ctx, &span, b, n)
+	if err != nil || slots == 0 {
+		return nil, err
+	}
+	slot, err := l.acquireSlot(ctx, &span, b, slots, false)
+	if err != nil && g.tats != nil {
+		go l.refund(context.WithoutCancel(ctx), b, n, g.tats)
+	}
+	return slot, err
+}
 
+// waitTokens waits for n tokens of bucket b and returns the grant of the
+// shared bucket, if it granted them.
+func (l *Limiter) waitTokens(ctx context.Context, span *waitSpan, b bucket, n float64) (grant, error) {
+	name := b.name
 	for {
 		if mode := l.breaker.mode(); mode != ModeShared {
 			span.mode = mode
@@ -143,14 +174,14 @@ func (l *Limiter) WaitAll(ctx context.Context, name string, n float64, lims ...L
 			if err == errAskAgain {
 				continue // Redis may be back by now
 			}
-			return err
+			return grant{}, err
 		}
 		maxWait, deadline := l.maxWait(ctx)
 		g, trips, err := l.store.take(ctx, b, n, maxWait)
 		span.trips += trips
 		if err != nil {
 			if cerr := l.classify(ctx, err); !errors.Is(cerr, ErrUnavailable) {
-				return cerr
+				return grant{}, cerr
 			}
 			l.breaker.trip(b, err)
 			continue // the policy serves this request too
@@ -160,24 +191,27 @@ func (l *Limiter) WaitAll(ctx context.Context, name string, n float64, lims ...L
 			if l.cfg.policy.mode() == ModeLocal {
 				l.locals.granted(name, g.wait)
 			}
-			if moved, err := l.sleepOn(ctx, b, g); err != nil {
-				tats := slices.Clone(g.tats)
-				for i := range tats {
-					tats[i] += moved.Microseconds()
+			moved, err := l.sleepOn(ctx, b, g)
+			if moved != 0 && g.tats != nil {
+				g.tats = slices.Clone(g.tats)
+				for i := range g.tats {
+					g.tats[i] += moved.Microseconds()
 				}
-				go l.refund(context.WithoutCancel(ctx), b, n, tats)
-				if err == ErrWouldExceedDeadline {
-					return fmt.Errorf("%w: a pause moved %q's grant by %v", ErrWouldExceedDeadline, name, moved)
-				}
-				return err
 			}
-			return nil
+			if err != nil {
+				go l.refund(context.WithoutCancel(ctx), b, n, g.tats)
+				if err == ErrWouldExceedDeadline {
+					return grant{}, fmt.Errorf("%w: a pause moved %q's grant by %v", ErrWouldExceedDeadline, name, moved)
+				}
+				return grant{}, err
+			}
+			return g, nil
 		}
 		if deadline {
-			return fmt.Errorf("%w: %q needs %v", ErrWouldExceedDeadline, name, g.wait)
+			return grant{}, fmt.Errorf("%w: %q needs %v", ErrWouldExceedDeadline, name, g.wait)
 		}
 		if err := sleep(ctx, maxWait); err != nil {
-			return err
+			return grant{}, err
 		}
 	}
 }

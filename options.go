@@ -20,7 +20,8 @@ const DefaultMaxWait = 5 * time.Second
 
 // An Option configures a Limiter or a Transport. Options that only a
 // Transport uses (WithBase, WithKey, WithLimits, WithLayers, WithCost,
-// WithSettle, WithMaxPause, WithProviderHeaders) are ignored by NewLimiter.
+// WithSettle, WithMaxPause, WithProviderHeaders, WithConcurrency) are
+// ignored by NewLimiter.
 type Option interface {
 	apply(*config)
 }
@@ -40,6 +41,7 @@ type config struct {
 	meterProvider  metric.MeterProvider
 	metricKeys     bool
 	name           string
+	slotLease      time.Duration
 
 	// Transport
 	base            http.RoundTripper
@@ -50,6 +52,7 @@ type config struct {
 	settle          func(*http.Response) (float64, bool)
 	maxPause        time.Duration
 	providerHeaders bool
+	concurrency     int
 }
 
 func newConfig(opts []Option) config {
@@ -61,6 +64,8 @@ func newConfig(opts []Option) config {
 		base:     http.DefaultTransport,
 		key:      Host,
 		maxPause: DefaultMaxPause,
+
+		slotLease: DefaultSlotLease,
 	}
 	for _, o := range opts {
 		o.apply(&c)
@@ -218,6 +223,44 @@ func WithMaxPause(d time.Duration) Option {
 		panic(fmt.Sprintf("quota: WithMaxPause(%v): the pause must not be negative", d))
 	}
 	return optionFunc(func(c *config) { c.maxPause = d })
+}
+
+// WithConcurrency makes a Transport hold one of n concurrency slots of the
+// request's bucket while the request is in flight, so that at most n
+// requests of a bucket are in flight at once across every process that
+// shares the Redis, as providers limit concurrent requests beside their
+// rate. The request takes its tokens first and seeks its slot once they
+// fall due, so that a request waiting for tokens holds no slot; one that
+// gets no slot hands its tokens back.
+//
+// A request holds its slot from its grant until the first of: its
+// response body is closed, its response body is read to the end, or
+// RoundTrip returns an error. A response without a body (http.NoBody)
+// releases it at once. A response whose body is never closed holds its
+// slot until the body is garbage collected, so close bodies as net/http
+// asks. Waiting for a slot is first come, first served across the fleet and
+// lasts until the request's context ends (see Limiter.AcquireSlot). It
+// panics if n is less than 1.
+func WithConcurrency(n int) Option {
+	if n < 1 {
+		panic(fmt.Sprintf("quota: WithConcurrency(%d): want at least one slot", n))
+	}
+	return optionFunc(func(c *config) { c.concurrency = n })
+}
+
+// WithSlotLease sets the lease of a concurrency slot, DefaultSlotLease
+// (10s) by default: the Limiter renews the leases of the slots it holds, and
+// of its callers waiting for one, every quarter lease, so that the slots of
+// a process that dies come back to the fleet at most d after its last
+// renewal. A shorter lease brings them back sooner and costs more renewals;
+// a lease shorter than the process's longest stall (a GC pause, a host
+// suspended) lets the fleet exceed its slots while it stalls. It panics if d
+// is below a millisecond.
+func WithSlotLease(d time.Duration) Option {
+	if d < time.Millisecond {
+		panic(fmt.Sprintf("quota: WithSlotLease(%v): want at least a millisecond", d))
+	}
+	return optionFunc(func(c *config) { c.slotLease = d })
 }
 
 // WithProviderHeaders makes a Transport read the provider's rate-limit

@@ -30,6 +30,8 @@ const (
 	attrLimiter    = attribute.Key("quota.limiter")
 	attrUpdate     = attribute.Key("quota.update")
 	attrPause      = attribute.Key("quota.pause.seconds")
+	attrSlots      = attribute.Key("quota.slots.limit")
+	attrSlotWait   = attribute.Key("quota.slot.wait.seconds")
 	attrErrorType  = attribute.Key("error.type")
 )
 
@@ -44,6 +46,7 @@ type observer struct {
 	waits        metric.Float64Histogram
 	acquisitions metric.Int64Counter
 	refunds      metric.Int64Counter
+	slotsHeld    metric.Int64UpDownCounter
 	keys         bool // raw keys as metric attributes
 }
 
@@ -69,7 +72,23 @@ func newObserver(cfg config) observer {
 	o.refunds, _ = meter.Int64Counter("quota.refunds",
 		metric.WithDescription("Cancelled waits that handed their tokens back to the bucket."),
 		metric.WithUnit("{refund}"))
+	o.slotsHeld, _ = meter.Int64UpDownCounter("quota.slots.held",
+		metric.WithDescription("Concurrency slots held now, by mode."),
+		metric.WithUnit("{slot}"))
 	return o
+}
+
+// slotHeld adds d to the slots held in mode.
+func (o *observer) slotHeld(mode Mode, name string, d int64) {
+	ctx := context.Background()
+	if !o.slotsHeld.Enabled(ctx) {
+		return
+	}
+	if o.keys {
+		o.slotsHeld.Add(ctx, d, metric.WithAttributes(attrMode.String(mode.String()), attrKey.String(name)))
+		return
+	}
+	o.slotsHeld.Add(ctx, d, metric.WithAttributes(attrMode.String(mode.String())))
 }
 
 // observeMode reports l's mode as the gauge quota.limiter.mode: 1 for the
@@ -113,6 +132,9 @@ type waitSpan struct {
 	start time.Time
 	mode  Mode // how the tokens were granted or refused
 	trips int  // Redis round trips
+
+	slots    int           // the bucket's concurrency slots, when one was asked for
+	slotWait time.Duration // how long the wait for it took
 }
 
 func (o *observer) start(ctx context.Context, name string, n float64) (context.Context, waitSpan) {
@@ -155,6 +177,9 @@ func (s *waitSpan) end(err error) {
 	}
 	s.span.SetAttributes(attrs...)
 	s.span.SetAttributes(attrWait.Float64(waited), attrRoundTrips.Int(s.trips))
+	if s.slots > 0 {
+		s.span.SetAttributes(attrSlots.Int(s.slots), attrSlotWait.Float64(s.slotWait.Seconds()))
+	}
 	if err != nil {
 		s.span.SetStatus(codes.Error, errorType(err))
 	}

@@ -3,8 +3,10 @@ package quota
 import (
 	"context"
 	"fmt"
+	"io"
 	"math"
 	"net/http"
+	"runtime"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -54,15 +56,21 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if t.cfg.cost != nil {
 		cost = t.cfg.cost(req)
 	}
-	if err := t.limiter.WaitAll(req.Context(), name, cost, lims...); err != nil {
+	slot, err := t.limiter.acquire(req.Context(), name, cost, lims, t.cfg.concurrency)
+	if err != nil {
 		closeBody(req)
 		return nil, err
 	}
 	resp, err := t.cfg.base.RoundTrip(req)
-	if err == nil {
-		t.learn(req.Context(), name, lims, cost, resp)
+	if err != nil {
+		slot.Release()
+		return nil, err
 	}
-	return resp, err
+	t.learn(req.Context(), name, lims, cost, resp)
+	if slot != nil {
+		holdSlot(resp, slot)
+	}
+	return resp, nil
 }
 
 // learn passes on to the bucket what the response says of the provider's
@@ -133,6 +141,50 @@ func (t *Transport) limitsFor(name string) []Limit {
 		return []Limit{lim}
 	}
 	return append([]Limit{lim}, t.cfg.layers...)
+}
+
+// holdSlot makes resp's body hold slot until it is closed or read to the
+// end, or garbage collected unclosed. A response without a body releases it
+// at once.
+func holdSlot(resp *http.Response, slot *Slot) {
+	if resp.Body == nil || resp.Body == http.NoBody {
+		slot.Release()
+		return
+	}
+	body := &slotBody{ReadCloser: resp.Body, slot: slot}
+	runtime.AddCleanup(body, (*Slot).Release, slot)
+	if w, ok := resp.Body.(io.Writer); ok {
+		// A 101 Switching Protocols body is also the connection's writer.
+		resp.Body = &slotBodyWriter{body, w}
+		return
+	}
+	resp.Body = body
+}
+
+// slotBody is a response body that releases its request's slot when it is
+// closed or read to the end.
+type slotBody struct {
+	io.ReadCloser
+	slot *Slot
+}
+
+func (b *slotBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err == io.EOF {
+		b.slot.Release()
+	}
+	return n, err
+}
+
+func (b *slotBody) Close() error {
+	err := b.ReadCloser.Close()
+	b.slot.Release()
+	return err
+}
+
+type slotBodyWriter struct {
+	*slotBody
+	io.Writer
 }
 
 func closeBody(req *http.Request) {

@@ -1,0 +1,163 @@
+package quota
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+)
+
+// AcquireSlot waits for one of the n concurrency slots of the bucket called
+// name: at most n slots of a bucket are held at once, across every process
+// that shares the Redis. Hand the slot back with its Release once the work
+// it guards is done; until then the Limiter renews its lease in Redis, and
+// should the process die, the slot comes back when its lease ends (see
+// WithSlotLease).
+//
+// Callers that find every slot held wait in the bucket's queue, first come,
+// first served across the fleet, and are woken by the release that frees
+// their slot: nobody polls. Nobody can know when a slot will free, so a
+// caller waits in its place until its context ends, and then leaves the
+// queue with the context's error. Give ctx a deadline to bound the wait.
+//
+// The slots are counted apart from the bucket's tokens: a Transport with
+// WithConcurrency takes both. An n below 1 fails at once with an error
+// matching ErrInvalidLimit. While Redis is unavailable the Limiter's Policy
+// decides: FailOpen grants, FailClosed refuses with ErrUnavailable, and
+// FallbackLocal grants this process n divided by the workers, at least 1.
+func (l *Limiter) AcquireSlot(ctx context.Context, name string, n int) (_ *Slot, err error) {
+	ctx, span := l.obs.start(ctx, name, 0)
+	span.mode = l.breaker.mode()
+	defer func() { span.end(err) }()
+	b, err := l.bucket(name, []Limit{{Rate: 1, Burst: 1}})
+	if err != nil {
+		return nil, err
+	}
+	if err := checkSlots(n); err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	return l.acquireSlot(ctx, &span, b, n, false)
+}
+
+// checkSlots reports whether a bucket can have n slots.
+func checkSlots(n int) error {
+	if n < 1 {
+		return fmt.Errorf("%w: %d concurrency slots, want at least 1", ErrInvalidLimit, n)
+	}
+	return nil
+}
+
+// acquireSlot waits for one of the n slots of bucket b, or with try takes
+// one only if one is free now, and records the wait on span.
+func (l *Limiter) acquireSlot(ctx context.Context, span *waitSpan, b bucket, n int, try bool) (*Slot, error) {
+	start := time.Now()
+	span.slots = n
+	defer func() { span.slotWait = time.Since(start) }()
+	for {
+		mode := l.breaker.mode()
+		if mode != ModeShared {
+			span.mode = mode
+			l.breaker.touch(b)
+			return l.degradedSlot(ctx, b, n, mode, try)
+		}
+		set, id, err := l.slots.acquire(ctx, b, n, try)
+		switch {
+		case err == nil:
+			l.obs.slotHeld(ModeShared, b.name, 1)
+			return &Slot{release: func() {
+				l.slots.release(set, id)
+				l.obs.slotHeld(ModeShared, b.name, -1)
+			}}, nil
+		case err == errAskAgain:
+			continue // Redis failed while the caller waited
+		case err == errNoSlot:
+			return nil, err
+		}
+		if cerr := l.classify(ctx, err); !errors.Is(cerr, ErrUnavailable) {
+			return nil, cerr
+		}
+		l.breaker.trip(b, err)
+	}
+}
+
+// degradedSlot serves a slot by the Policy while Redis is unavailable.
+func (l *Limiter) degradedSlot(ctx context.Context, b bucket, n int, mode Mode, try bool) (*Slot, error) {
+	switch mode {
+	case ModeOpen:
+		l.breaker.served.Add(1)
+		return &Slot{}, nil
+	case ModeLocal:
+		share := max(n/l.workers.divisor(l.cfg.policy), 1)
+		sem, err := l.localSlots.get(b.keys[0], share)
+		if err != nil {
+			l.breaker.refused.Add(1)
+			return nil, err
+		}
+		if try {
+			select {
+			case sem <- struct{}{}:
+			default:
+				return nil, errNoSlot
+			}
+		} else {
+			select {
+			case sem <- struct{}{}:
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		}
+		l.breaker.served.Add(1)
+		l.obs.slotHeld(ModeLocal, b.name, 1)
+		return &Slot{release: func() {
+			<-sem
+			l.obs.slotHeld(ModeLocal, b.name, -1)
+		}}, nil
+	}
+	l.breaker.refused.Add(1)
+	return nil, fmt.Errorf("%w: %w", ErrUnavailable, l.breaker.lastCause())
+}
+
+// localSlots are the slots of FallbackLocal: this process's share of each
+// bucket's slots, a semaphore each, whose blocked callers are served in
+// order.
+type localSlots struct {
+	mu sync.Mutex
+	m  map[localSlotsKey]chan struct{}
+}
+
+type localSlotsKey struct {
+	key   string // the bucket's
+	share int
+}
+
+// get returns the semaphore of the bucket with key and share slots. Past
+// maxLocalBuckets buckets, it drops those with no slot held, and refuses a
+// new bucket with ErrUnavailable when every one holds some.
+func (ls *localSlots) get(key string, share int) (chan struct{}, error) {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	k := localSlotsKey{key, share}
+	if sem, ok := ls.m[k]; ok {
+		return sem, nil
+	}
+	if ls.m == nil {
+		ls.m = make(map[localSlotsKey]chan struct{})
+	}
+	if len(ls.m) >= maxLocalBuckets {
+		for k, sem := range ls.m {
+			if len(sem) == 0 {
+				delete(ls.m, k)
+			}
+		}
+		if len(ls.m) >= maxLocalBuckets {
+			return nil, fmt.Errorf("%w: slots of more than %d buckets held locally", ErrUnavailable, maxLocalBuckets)
+		}
+	}
+	sem := make(chan struct{}, share)
+	ls.m[k] = sem
+	return sem, nil
+}

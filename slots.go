@@ -1,0 +1,442 @@
+package quota
+
+import (
+	"context"
+	"crypto/rand"
+	_ "embed"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+//go:embed slots.lua
+var slotsSource string
+
+// DefaultSlotLease is how long a concurrency slot outlives the last sign of
+// life of the process that holds it, unless WithSlotLease says otherwise.
+const DefaultSlotLease = 10 * time.Second
+
+// releaseTimeout bounds the Redis call that hands a slot back; the caller
+// does not wait for it. A release that fails leaves the slot to its lease,
+// which is no longer renewed.
+const releaseTimeout = time.Second
+
+// The suffixes, after a bucket's key, of the keys of its concurrency slots:
+// the slots held (also the channel that announces hand-offs), the waiters'
+// leases and the queue.
+const (
+	slotsHeldSuffix    = ":slots"
+	slotsWaitingSuffix = ":slots:waiting"
+	slotsQueueSuffix   = ":slots:queue"
+)
+
+// A Slot is one of a bucket's concurrency slots, held from its acquisition
+// until Release. While it is held, the Limiter renews its lease in Redis.
+type Slot struct {
+	release func()
+	once    sync.Once
+}
+
+// Release hands the slot back: the next caller waiting for one of the
+// bucket's slots, in any process, gets it. Release returns at once; the
+// Redis call runs in the background, and a slot whose release fails comes
+// back when its lease ends. Releasing a slot again does nothing. A nil Slot
+// may be released.
+func (s *Slot) Release() {
+	if s == nil {
+		return
+	}
+	s.once.Do(func() {
+		if s.release != nil {
+			s.release()
+		}
+	})
+}
+
+// slots are a Limiter's concurrency slots in Redis (slots.lua): the ones it
+// holds and the ones its callers wait for, by bucket, each bucket with the
+// subscription that tells its waiters of hand-offs and the loop that renews
+// its leases.
+type slots struct {
+	script  *script
+	rdb     redis.Scripter
+	publish string        // the command that announces hand-offs
+	lease   time.Duration // of each slot and each waiter
+	id      string        // this Limiter's, the prefix of its ids
+	seq     atomic.Uint64
+
+	mu sync.Mutex
+	m  map[string]*slotSet // by the bucket's key
+}
+
+// slotSet is what a Limiter holds of one bucket's slots and waits for.
+type slotSet struct {
+	b        bucket   // for the breaker
+	keys     []string // held, waiting, queue
+	n        int      // the slots the bucket has, as last asked
+	users    int      // acquisitions under way
+	held     map[string]struct{}
+	waiting  map[string]chan bool // true: granted; false: ask again
+	renewing bool                 // the renewal loop runs
+	sub      *redis.PubSub        // nil until subscribed, or beyond maxSubscriptions
+	ready    chan struct{}        // closed once the subscription is confirmed or failed
+	idle     *time.Timer          // forgets the set when nothing is held or awaited
+}
+
+func newSlots(rdb redis.Scripter, cfg config) *slots {
+	var id [6]byte
+	_, _ = rand.Read(id[:]) // never fails
+	s := &slots{
+		script:  newScript(rdb, slotsSource),
+		rdb:     rdb,
+		publish: "PUBLISH",
+		lease:   cfg.slotLease,
+		id:      hex.EncodeToString(id[:]),
+	}
+	if _, ok := rdb.(*redis.ClusterClient); ok {
+		s.publish = "SPUBLISH"
+	}
+	return s
+}
+
+// run runs op of slots.lua on set's keys.
+func (s *slots) run(ctx context.Context, set *slotSet, n int, op string, ids ...string) *redis.Cmd {
+	args := make([]any, 0, 4+len(ids))
+	args = append(args, op, n, s.lease.Microseconds(), s.publish)
+	for _, id := range ids {
+		args = append(args, id)
+	}
+	cmd, _ := s.script.run(ctx, set.keys, args...)
+	return cmd
+}
+
+// errNoSlot is a try's answer when every slot is held.
+var errNoSlot = errors.New("quota: no slot free")
+
+// use returns the set of bucket b, made and listened to if new, and keeps
+// it while its caller works with it.
+func (s *slots) use(ctx context.Context, b bucket, n int) *slotSet {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	set, ok := s.m[b.keys[0]]
+	if !ok {
+		key := b.keys[0]
+		set = &slotSet{
+			b:       bucket{name: b.name, keys: b.keys[:1:1], lims: b.lims[:1:1]},
+			keys:    []string{key + slotsHeldSuffix, key + slotsWaitingSuffix, key + slotsQueueSuffix},
+			held:    make(map[string]struct{}),
+			waiting: make(map[string]chan bool),
+			ready:   make(chan struct{}),
+		}
+		if s.m == nil {
+			s.m = make(map[string]*slotSet)
+		}
+		s.m[key] = set
+		if s.listening() < maxSubscriptions {
+			go s.listen(context.WithoutCancel(ctx), key, set)
+		} else {
+			close(set.ready) // its waiters learn of hand-offs from renewals
+		}
+	}
+	if set.idle != nil {
+		set.idle.Stop()
+		set.idle = nil
+	}
+	set.n = n
+	set.users++
+	return set
+}
+
+// leave ends an acquisition that use began.
+func (s *slots) leave(set *slotSet) {
+	s.mu.Lock()
+	set.users--
+	s.mu.Unlock()
+	s.done(set)
+}
+
+// listening counts the sets with a subscription; s.mu is held.
+func (s *slots) listening() int {
+	count := 0
+	for _, set := range s.m {
+		select {
+		case <-set.ready:
+			if set.sub != nil {
+				count++
+			}
+		default:
+			count++ // subscribing
+		}
+	}
+	return count
+}
+
+// acquire asks for one of the n slots of bucket b and waits for it in
+// the bucket's queue until ctx ends; with try, it takes one only if one is
+// free now. It returns the slot's id.
+func (s *slots) acquire(ctx context.Context, b bucket, n int, try bool) (*slotSet, string, error) {
+	set := s.use(ctx, b, n)
+	defer s.leave(set)
+	select {
+	case <-set.ready:
+	case <-ctx.Done():
+		return nil, "", ctx.Err()
+	}
+	id := s.id + "." + strconv.FormatUint(s.seq.Add(1), 36)
+	granted := make(chan bool, 1)
+	s.mu.Lock()
+	set.waiting[id] = granted // before the call: its announcement may come first
+	s.mu.Unlock()
+
+	op := "acquire"
+	if try {
+		op = "try"
+	}
+	v, err := s.run(ctx, set, n, op, id).Int64Slice()
+	if err == nil && len(v) != 2 {
+		err = fmt.Errorf("%w: unexpected reply %v", ErrScript, v)
+	}
+	if err != nil {
+		s.forget(set, id)
+		return nil, "", err
+	}
+	if v[0] == 1 {
+		s.hold(set, id)
+		return set, id, nil
+	}
+	if try {
+		s.forget(set, id)
+		return nil, "", errNoSlot
+	}
+	s.renew(set, time.Duration(v[1])*time.Microsecond)
+	select {
+	case ok := <-granted:
+		if !ok {
+			s.forget(set, id)
+			return nil, "", errAskAgain // Redis is unavailable: the policy serves
+		}
+		return set, id, nil
+	case <-ctx.Done():
+		s.cancel(set, id)
+		return nil, "", ctx.Err()
+	}
+}
+
+// hold moves id from the set's waiters to its holders.
+func (s *slots) hold(set *slotSet, id string) {
+	s.mu.Lock()
+	delete(set.waiting, id)
+	set.held[id] = struct{}{}
+	s.mu.Unlock()
+	s.renew(set, s.lease/4)
+}
+
+// forget drops id, which holds nothing.
+func (s *slots) forget(set *slotSet, id string) {
+	s.mu.Lock()
+	delete(set.waiting, id)
+	s.mu.Unlock()
+}
+
+// cancel takes a waiter that gave up out of the queue, and releases the
+// slot that may have been handed to it meanwhile.
+func (s *slots) cancel(set *slotSet, id string) {
+	s.mu.Lock()
+	_, granted := set.held[id]
+	delete(set.waiting, id)
+	delete(set.held, id)
+	s.mu.Unlock()
+	op := "cancel"
+	if granted {
+		op = "release"
+	}
+	s.background(set, op, id)
+}
+
+// release hands the slot id back.
+func (s *slots) release(set *slotSet, id string) {
+	s.mu.Lock()
+	delete(set.held, id)
+	s.mu.Unlock()
+	s.background(set, "release", id)
+}
+
+// background runs op for id without making the caller wait, then lets the
+// set go if nothing else uses it.
+func (s *slots) background(set *slotSet, op, id string) {
+	s.mu.Lock()
+	n := set.n
+	s.mu.Unlock()
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
+		defer cancel()
+		_ = s.run(ctx, set, n, op, id).Err() // on failure, the lease ends it
+		s.done(set)
+	}()
+}
+
+// done lets the set go once nothing is held or awaited of it for
+// subscriptionIdle.
+func (s *slots) done(set *slotSet) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(set.held) > 0 || len(set.waiting) > 0 || set.users > 0 || set.idle != nil {
+		return
+	}
+	key := set.b.keys[0]
+	forget := func() {
+		delete(s.m, key)
+		if set.sub != nil {
+			set.sub.Close()
+		}
+		set.sub = nil // a listen still subscribing closes its own
+	}
+	if len(s.m) > maxSubscriptions {
+		forget() // many buckets in use: keep none idle
+		return
+	}
+	set.idle = time.AfterFunc(subscriptionIdle, func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if len(set.held) == 0 && len(set.waiting) == 0 && set.users == 0 && s.m[key] == set {
+			forget()
+		}
+	})
+}
+
+// granted hands the slots announced in payload to their waiters here.
+func (s *slots) granted(set *slotSet, ids []string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, id := range ids {
+		if ch, ok := set.waiting[id]; ok {
+			delete(set.waiting, id)
+			set.held[id] = struct{}{}
+			ch <- true
+		}
+	}
+}
+
+// listen subscribes to the hand-offs of bucket key and gives each to its
+// waiter, until the subscription is closed.
+func (s *slots) listen(ctx context.Context, key string, set *slotSet) {
+	name := key + slotsHeldSuffix
+	var sub *redis.PubSub
+	switch c := s.rdb.(type) {
+	case *redis.ClusterClient:
+		sub = c.SSubscribe(ctx, name)
+	case subscriber:
+		sub = c.Subscribe(ctx, name)
+	default:
+		close(set.ready)
+		return
+	}
+	s.mu.Lock()
+	if s.m[key] != set { // let go while subscribing
+		s.mu.Unlock()
+		sub.Close()
+		close(set.ready)
+		return
+	}
+	set.sub = sub
+	s.mu.Unlock()
+	rctx, cancel := context.WithTimeout(ctx, probeTimeout)
+	_, _ = sub.Receive(rctx) // the confirmation; without it, renewals find the hand-offs
+	cancel()
+	close(set.ready)
+	prefix := s.id + "."
+	for msg := range sub.Channel() {
+		var mine []string
+		for _, id := range strings.Fields(msg.Payload) {
+			if strings.HasPrefix(id, prefix) {
+				mine = append(mine, id)
+			}
+		}
+		if len(mine) > 0 {
+			s.granted(set, mine)
+		}
+	}
+}
+
+// renew makes sure the set's leases are renewed while it holds or awaits
+// anything, the first time within next.
+func (s *slots) renew(set *slotSet, next time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if set.renewing {
+		return
+	}
+	set.renewing = true
+	go s.renewLoop(set, next)
+}
+
+// renewLoop renews the leases of the set's ids every quarter lease, and
+// sooner while callers wait: when the first lease held ends, so that a
+// dead holder's slot comes back as its lease ends. A waiter that a renewal
+// finds holding a slot gets it, should its announcement have been lost.
+// When Redis is unavailable, the waiters go to the policy.
+func (s *slots) renewLoop(set *slotSet, next time.Duration) {
+	for {
+		time.Sleep(min(max(next, time.Millisecond), s.lease/4))
+		s.mu.Lock()
+		ids := make([]string, 0, len(set.held)+len(set.waiting))
+		for id := range set.held {
+			ids = append(ids, id)
+		}
+		for id := range set.waiting {
+			ids = append(ids, id)
+		}
+		if len(ids) == 0 {
+			set.renewing = false
+			s.mu.Unlock()
+			return
+		}
+		n := set.n
+		s.mu.Unlock()
+
+		ctx, cancel := context.WithTimeout(context.Background(), probeTimeout)
+		v, err := s.run(ctx, set, n, "renew", ids...).Slice()
+		cancel()
+		next = s.lease / 4
+		if err != nil {
+			if errors.Is(classify(context.Background(), err, s.cluster()), ErrUnavailable) {
+				s.abandon(set)
+			}
+			continue
+		}
+		if len(v) > 0 {
+			if us, ok := v[0].(int64); ok {
+				next = time.Duration(us)*time.Microsecond + time.Millisecond
+			}
+			var held []string
+			for _, x := range v[1:] {
+				if id, ok := x.(string); ok {
+					held = append(held, id)
+				}
+			}
+			s.granted(set, held)
+		}
+	}
+}
+
+// abandon sends the set's waiters to the policy: Redis is unavailable.
+func (s *slots) abandon(set *slotSet) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for id, ch := range set.waiting {
+		delete(set.waiting, id)
+		ch <- false
+	}
+}
+
+func (s *slots) cluster() bool {
+	_, ok := s.rdb.(*redis.ClusterClient)
+	return ok
+}

@@ -1,0 +1,152 @@
+-- quota: a bucket's concurrency slots, shared by every process that uses
+-- the Redis. A slot is a lease on the server's clock, renewed by its holder
+-- while it holds it, so that the slots of a process that dies come back
+-- when their leases end. Callers that find every slot held queue, first
+-- come, first served, and a release hands the slot to the head of the
+-- queue at once and announces it, so that nobody polls.
+--
+-- KEYS[1]   the slots held: a sorted set of ids, each scored with when its
+--           lease ends (microseconds on the server's clock). It is also
+--           the channel that announces hand-offs.
+-- KEYS[2]   the waiters: a sorted set of ids, scored the same way.
+-- KEYS[3]   the queue: a list of the waiters' ids in order of arrival. An
+--           id no longer among the waiters (cancelled, or its lease ended)
+--           is skipped when it reaches the head.
+-- ARGV[1]   operation: "acquire", "try", "release", "cancel", "renew" or
+--           "adopt".
+-- ARGV[2]   n, the slots the bucket has (>= 1).
+-- ARGV[3]   the lease, in microseconds.
+-- ARGV[4]   the command that announces hand-offs, PUBLISH or SPUBLISH
+--           (Cluster), or "" for none.
+-- ARGV[5..] ids: acquire, try and cancel take one; release, renew and
+--           adopt any number.
+--
+-- Replies:
+--   acquire  {1, 0} when a slot was free and nobody waits: the id holds it;
+--            otherwise {0, hint}: the id waits in the queue, and hint is
+--            how long (us) until the first lease held ends, when a dead
+--            holder's slot would come back.
+--   try      {1, 0} as acquire, or {0, 0}: nothing changed.
+--   release  the number of ids that held a slot; their slots go to the
+--            queue's head.
+--   cancel   1 when the id held a slot (handed to it while it gave up),
+--            which is released; 0 when it left the queue.
+--   renew    {hint, held...}: every id's lease is renewed, whether it
+--            holds or waits, and held lists those of the ids that hold a
+--            slot, so that a waiter whose announcement was lost learns
+--            that it holds one.
+--   adopt    the number of ids added as holders whatever n, for slots a
+--            process granted on its own while Redis was unavailable.
+--
+-- Every key expires when the last lease it holds ends.
+
+local op = ARGV[1]
+local n = tonumber(ARGV[2])
+local lease = tonumber(ARGV[3])
+local publish = ARGV[4]
+local held, waiting, queue = KEYS[1], KEYS[2], KEYS[3]
+local t = redis.call('TIME')
+local now = t[1] * 1000000 + t[2]
+
+-- Leases that ended are gone, whoever held them.
+redis.call('ZREMRANGEBYSCORE', held, '-inf', now)
+redis.call('ZREMRANGEBYSCORE', waiting, '-inf', now)
+
+-- dispatch hands the free slots to the live waiters at the head of the
+-- queue, keeping each waiter's lease, and announces them in one message.
+local function dispatch()
+  local free = n - redis.call('ZCARD', held)
+  local handed = {}
+  while free > 0 do
+    local id = redis.call('LPOP', queue)
+    if not id then
+      break
+    end
+    local ends = redis.call('ZSCORE', waiting, id)
+    if ends then
+      redis.call('ZREM', waiting, id)
+      redis.call('ZADD', held, ends, id)
+      handed[#handed + 1] = id
+      free = free - 1
+    end
+  end
+  if #handed > 0 and publish ~= '' then
+    redis.call(publish, held, table.concat(handed, ' '))
+  end
+end
+
+-- hint is how long until the first lease held ends.
+local function hint()
+  local first = redis.call('ZRANGE', held, 0, 0, 'WITHSCORES')
+  if first[2] then
+    return math.max(tonumber(first[2]) - now, 0)
+  end
+  return lease
+end
+
+-- keep makes key expire when its last lease ends.
+local function keep(key, scored)
+  local last = redis.call('ZRANGE', scored, -1, -1, 'WITHSCORES')
+  if last[2] then
+    redis.call('PEXPIRE', key, math.ceil((tonumber(last[2]) - now) / 1000) + 1)
+  else
+    redis.call('DEL', key)
+  end
+end
+
+local reply
+if op == 'acquire' or op == 'try' then
+  local id = ARGV[5]
+  dispatch()
+  -- After dispatch, a free slot means that nobody waits for it.
+  if redis.call('ZCARD', held) < n then
+    redis.call('ZADD', held, now + lease, id)
+    reply = {1, 0}
+  elseif op == 'try' then
+    reply = {0, 0}
+  else
+    redis.call('ZADD', waiting, now + lease, id)
+    redis.call('RPUSH', queue, id)
+    reply = {0, hint()}
+  end
+elseif op == 'release' then
+  local count = 0
+  for i = 5, #ARGV do
+    count = count + redis.call('ZREM', held, ARGV[i])
+  end
+  dispatch()
+  reply = count
+elseif op == 'cancel' then
+  local id = ARGV[5]
+  reply = 0
+  if redis.call('ZREM', waiting, id) == 1 then
+    redis.call('LREM', queue, 1, id)
+  elseif redis.call('ZREM', held, id) == 1 then
+    dispatch()
+    reply = 1
+  end
+elseif op == 'renew' then
+  for i = 5, #ARGV do
+    redis.call('ZADD', held, 'XX', now + lease, ARGV[i])
+    redis.call('ZADD', waiting, 'XX', now + lease, ARGV[i])
+  end
+  dispatch()
+  reply = {hint()}
+  for i = 5, #ARGV do
+    if redis.call('ZSCORE', held, ARGV[i]) then
+      reply[#reply + 1] = ARGV[i]
+    end
+  end
+elseif op == 'adopt' then
+  for i = 5, #ARGV do
+    redis.call('ZADD', held, now + lease, ARGV[i])
+  end
+  reply = #ARGV - 4
+else
+  return redis.error_reply('quota: unknown slot operation ' .. tostring(op))
+end
+
+keep(held, held)
+keep(waiting, waiting)
+keep(queue, waiting)
+return reply
