@@ -188,8 +188,9 @@ func (ls *localLimiters) reset() {
 	ls.mu.Unlock()
 }
 
-// localWait waits for n tokens from this process's share of every layer.
-func (l *Limiter) localWait(ctx context.Context, b bucket, n float64) error {
+// localWait waits for n tokens from this process's share of every layer,
+// or takes them only if the share has them now when noWait is set.
+func (l *Limiter) localWait(ctx context.Context, b bucket, n float64, noWait bool) error {
 	tokens := int(math.Ceil(n))
 	now := time.Now()
 	var delay time.Duration
@@ -216,9 +217,15 @@ func (l *Limiter) localWait(ctx context.Context, b bucket, n float64) error {
 		delay = max(delay, r.DelayFrom(now))
 	}
 	maxWait, deadline := l.maxWait(ctx)
+	if noWait {
+		maxWait = 0
+	}
 	if delay > maxWait {
 		cancel()
-		if deadline {
+		switch {
+		case noWait:
+			return fmt.Errorf("%w: %q needs %v", ErrWouldWait, b.name, delay)
+		case deadline:
 			return fmt.Errorf("%w: %q needs %v", ErrWouldExceedDeadline, b.name, delay)
 		}
 		if err := sleep(ctx, maxWait); err != nil {

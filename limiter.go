@@ -118,7 +118,14 @@ func (l *Limiter) WaitN(ctx context.Context, name string, lim Limit, n float64) 
 // or from none; the wait is the longest of the layers'. The first layer
 // lives under the bucket's key and each further one under a key of its own
 // in the same Redis Cluster slot.
-func (l *Limiter) WaitAll(ctx context.Context, name string, n float64, lims ...Limit) (err error) {
+func (l *Limiter) WaitAll(ctx context.Context, name string, n float64, lims ...Limit) error {
+	return l.acquire(ctx, name, n, lims, false)
+}
+
+// acquire takes n tokens from every layer of the bucket called name for
+// WaitAll, or, when noWait is set (WithNoWait), only if they are available
+// now, failing with ErrWouldWait otherwise.
+func (l *Limiter) acquire(ctx context.Context, name string, n float64, lims []Limit, noWait bool) (err error) {
 	ctx, span := l.obs.start(ctx, name, n)
 	span.mode = l.breaker.mode()
 	defer func() { span.end(err) }()
@@ -139,13 +146,16 @@ func (l *Limiter) WaitAll(ctx context.Context, name string, n float64, lims ...L
 		if mode := l.breaker.mode(); mode != ModeShared {
 			span.mode = mode
 			l.breaker.touch(b)
-			err := l.degradedWait(ctx, b, n, mode)
+			err := l.degradedWait(ctx, b, n, mode, noWait)
 			if err == errAskAgain {
 				continue // Redis may be back by now
 			}
 			return err
 		}
 		maxWait, deadline := l.maxWait(ctx)
+		if noWait {
+			maxWait = 0
+		}
 		g, trips, err := l.store.take(ctx, b, n, maxWait)
 		span.trips += trips
 		if err != nil {
@@ -173,7 +183,10 @@ func (l *Limiter) WaitAll(ctx context.Context, name string, n float64, lims ...L
 			}
 			return nil
 		}
-		if deadline {
+		switch {
+		case noWait:
+			return fmt.Errorf("%w: %q needs %v", ErrWouldWait, name, g.wait)
+		case deadline:
 			return fmt.Errorf("%w: %q needs %v", ErrWouldExceedDeadline, name, g.wait)
 		}
 		if err := sleep(ctx, maxWait); err != nil {
@@ -193,17 +206,18 @@ func (l *Limiter) bucket(name string, lims []Limit) (bucket, error) {
 	return newBucket(l.cfg.prefix, name, lims)
 }
 
-// errAskAgain tells WaitAll that the policy slept MaxWait without granting.
+// errAskAgain tells acquire that the policy slept MaxWait without granting.
 var errAskAgain = errors.New("quota: ask again")
 
-// degradedWait serves a request by the Policy while Redis is unavailable.
-func (l *Limiter) degradedWait(ctx context.Context, b bucket, n float64, mode Mode) error {
+// degradedWait serves a request by the Policy while Redis is unavailable,
+// taking only tokens available now when noWait is set.
+func (l *Limiter) degradedWait(ctx context.Context, b bucket, n float64, mode Mode, noWait bool) error {
 	switch mode {
 	case ModeOpen:
 		l.breaker.served.Add(1)
 		return nil
 	case ModeLocal:
-		return l.localWait(ctx, b, n)
+		return l.localWait(ctx, b, n, noWait)
 	}
 	l.breaker.refused.Add(1)
 	return fmt.Errorf("%w: %w", ErrUnavailable, l.breaker.lastCause())

@@ -49,6 +49,7 @@ type config struct {
 	cost            func(*http.Request) float64
 	settle          func(*http.Response) (float64, bool)
 	maxPause        time.Duration
+	noWait          bool
 	providerHeaders bool
 }
 
@@ -86,6 +87,16 @@ func WithMaxWait(d time.Duration) Option {
 		panic(fmt.Sprintf("quota: WithMaxWait(%v): the wait must be positive", d))
 	}
 	return optionFunc(func(c *config) { c.maxWait = d })
+}
+
+// WithNoWait makes a Transport refuse a request at once, when its tokens
+// are not available now, instead of waiting for them: RoundTrip then takes
+// nothing, sends nothing, closes the request body and returns an error
+// matching ErrWouldWait that names the bucket and how long the wait would
+// have been. Under a retrying client the refusal is retried after the
+// client's backoff (it is not Permanent). NewLimiter ignores it.
+func WithNoWait() Option {
+	return optionFunc(func(c *config) { c.noWait = true })
 }
 
 // WithClock makes the script use now, the callers' clock, instead of the

@@ -41,8 +41,9 @@ func NewTransport(rdb redis.Scripter, lim Limit, opts ...Option) *Transport {
 
 // RoundTrip waits for a token, then sends req with the base RoundTripper.
 // When no token can be had (an invalid Limit, cost or key, the request's
-// context ending, Redis unavailable under FailClosed) it closes the request
-// body and returns the Limiter's error without sending anything.
+// context ending, Redis unavailable under FailClosed, none available now
+// WithNoWait) it closes the request body and returns the Limiter's error
+// without sending anything.
 func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	name, err := t.cfg.key(req)
 	if err != nil {
@@ -54,7 +55,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if t.cfg.cost != nil {
 		cost = t.cfg.cost(req)
 	}
-	if err := t.limiter.WaitAll(req.Context(), name, cost, lims...); err != nil {
+	if err := t.limiter.acquire(req.Context(), name, cost, lims, t.cfg.noWait); err != nil {
 		closeBody(req)
 		return nil, err
 	}
