@@ -26,7 +26,8 @@ const refundTimeout = time.Second
 // the case.
 //
 // A Limiter is safe for concurrent use. Most callers want a Transport, which
-// waits for a token before each HTTP request; Wait serves everything else.
+// waits for a token before each HTTP request; Wait serves everything else,
+// and Allow takes a token only if there is one now.
 type Limiter struct {
 	cfg      config
 	store    *store
@@ -122,9 +123,39 @@ func (l *Limiter) WaitAll(ctx context.Context, name string, n float64, lims ...L
 	return l.acquire(ctx, name, n, lims, false)
 }
 
+// Allow is shorthand for AllowN(ctx, name, lim, 1).
+func (l *Limiter) Allow(ctx context.Context, name string, lim Limit) (bool, error) {
+	return l.AllowN(ctx, name, lim, 1)
+}
+
+// AllowN reports whether n tokens of the bucket called name, refilled at
+// lim, are available now, and takes them if they are. It never waits: it
+// asks Redis once, and a take that would have to wait takes nothing and
+// reports false. A bucket that a provider's Retry-After paused has no
+// tokens available.
+//
+// Invalid input fails as in WaitN, without a Redis call. While Redis is
+// unavailable the Policy decides: FailOpen reports true, FailClosed false
+// with an error matching ErrUnavailable, and FallbackLocal whether this
+// process's local share has the tokens now.
+func (l *Limiter) AllowN(ctx context.Context, name string, lim Limit, n float64) (bool, error) {
+	return l.AllowAll(ctx, name, n, lim)
+}
+
+// AllowAll is AllowN for a bucket that obeys several Limits at once (see
+// WaitAll): it takes n tokens from every layer when all of them have them
+// now, and from none otherwise.
+func (l *Limiter) AllowAll(ctx context.Context, name string, n float64, lims ...Limit) (bool, error) {
+	err := l.acquire(ctx, name, n, lims, true)
+	if errors.Is(err, ErrWouldWait) {
+		return false, nil
+	}
+	return err == nil, err
+}
+
 // acquire takes n tokens from every layer of the bucket called name for
-// WaitAll, or, when noWait is set (WithNoWait), only if they are available
-// now, failing with ErrWouldWait otherwise.
+// WaitAll, or, when noWait is set (AllowAll, WithNoWait), only if they are
+// available now, failing with ErrWouldWait otherwise.
 func (l *Limiter) acquire(ctx context.Context, name string, n float64, lims []Limit, noWait bool) (err error) {
 	ctx, span := l.obs.start(ctx, name, n)
 	span.mode = l.breaker.mode()

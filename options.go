@@ -94,7 +94,8 @@ func WithMaxWait(d time.Duration) Option {
 // nothing, sends nothing, closes the request body and returns an error
 // matching ErrWouldWait that names the bucket and how long the wait would
 // have been. Under a retrying client the refusal is retried after the
-// client's backoff (it is not Permanent). NewLimiter ignores it.
+// client's backoff (it is not Permanent). NewLimiter ignores it: a
+// Limiter's callers who must not wait use Limiter.Allow.
 func WithNoWait() Option {
 	return optionFunc(func(c *config) { c.noWait = true })
 }
