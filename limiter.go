@@ -64,6 +64,7 @@ func NewLimiter(rdb redis.Scripter, opts ...Option) *Limiter {
 		logger:      cfg.logger,
 		remindEvery: remindEvery,
 		idle:        probeIdle,
+		dryRun:      cfg.dryRun,
 		ask:         l.ask,
 		resumeIn:    l.resumeIn,
 		closing:     l.settleLocal,
@@ -155,11 +156,18 @@ func (l *Limiter) AllowAll(ctx context.Context, name string, n float64, lims ...
 
 // acquire takes n tokens from every layer of the bucket called name for
 // WaitAll, or, when noWait is set (AllowAll, WithNoWait), only if they are
-// available now, failing with ErrWouldWait otherwise.
+// available now, failing with ErrWouldWait otherwise. Under WithDryRun it
+// records what it would have done and returns at once, with an error only
+// when ctx has ended.
 func (l *Limiter) acquire(ctx context.Context, name string, n float64, lims []Limit, noWait bool) (err error) {
 	ctx, span := l.obs.start(ctx, name, n)
-	span.mode = l.breaker.mode()
-	defer func() { span.end(err) }()
+	span.mode, span.dryRun = l.breaker.mode(), l.cfg.dryRun
+	defer func() {
+		span.end(err)
+		if span.dryRun && err != nil && outcome(err) != outcomeCancelled {
+			err = nil // measured, not enforced
+		}
+	}()
 
 	b, err := l.bucket(name, lims)
 	if err != nil {
@@ -177,7 +185,8 @@ func (l *Limiter) acquire(ctx context.Context, name string, n float64, lims []Li
 		if mode := l.breaker.mode(); mode != ModeShared {
 			span.mode = mode
 			l.breaker.touch(b)
-			err := l.degradedWait(ctx, b, n, mode, noWait)
+			wait, err := l.degradedWait(ctx, b, n, mode, noWait)
+			span.wait = wait
 			if err == errAskAgain {
 				continue // Redis may be back by now
 			}
@@ -201,6 +210,10 @@ func (l *Limiter) acquire(ctx context.Context, name string, n float64, lims []Li
 			if l.cfg.policy.mode() == ModeLocal {
 				l.locals.granted(name, g.wait)
 			}
+			if span.dryRun {
+				span.wait = g.wait
+				return nil
+			}
 			if moved, err := l.sleepOn(ctx, b, g); err != nil {
 				tats := slices.Clone(g.tats)
 				for i := range tats {
@@ -219,11 +232,24 @@ func (l *Limiter) acquire(ctx context.Context, name string, n float64, lims []Li
 			return fmt.Errorf("%w: %q needs %v", ErrWouldWait, name, g.wait)
 		case deadline:
 			return fmt.Errorf("%w: %q needs %v", ErrWouldExceedDeadline, name, g.wait)
+		case span.dryRun:
+			// Enforced, the caller would sleep MaxWait and ask again: its
+			// wait would be about what the script replied, at least that.
+			span.wait = g.wait
+			return nil
 		}
 		if err := sleep(ctx, maxWait); err != nil {
 			return err
 		}
 	}
+}
+
+// recordFailure records, under dry run, an acquisition that failed with
+// err before it had a bucket to take from.
+func (l *Limiter) recordFailure(ctx context.Context, err error) {
+	_, span := l.obs.start(ctx, "", 1)
+	span.mode, span.dryRun = l.breaker.mode(), l.cfg.dryRun
+	span.end(err)
 }
 
 // Mode returns how the Limiter grants tokens now: ModeShared while Redis is
@@ -241,17 +267,18 @@ func (l *Limiter) bucket(name string, lims []Limit) (bucket, error) {
 var errAskAgain = errors.New("quota: ask again")
 
 // degradedWait serves a request by the Policy while Redis is unavailable,
-// taking only tokens available now when noWait is set.
-func (l *Limiter) degradedWait(ctx context.Context, b bucket, n float64, mode Mode, noWait bool) error {
+// taking only tokens available now when noWait is set, and returns how long
+// the request waited, or under dry run would have.
+func (l *Limiter) degradedWait(ctx context.Context, b bucket, n float64, mode Mode, noWait bool) (time.Duration, error) {
 	switch mode {
 	case ModeOpen:
 		l.breaker.served.Add(1)
-		return nil
+		return 0, nil
 	case ModeLocal:
 		return l.localWait(ctx, b, n, noWait)
 	}
 	l.breaker.refused.Add(1)
-	return fmt.Errorf("%w: %w", ErrUnavailable, l.breaker.lastCause())
+	return 0, fmt.Errorf("%w: %w", ErrUnavailable, l.breaker.lastCause())
 }
 
 // ask is the breaker's question to Redis: it returns nil when Redis

@@ -35,6 +35,7 @@ type config struct {
 	maxWait        time.Duration
 	clock          func() time.Time
 	policy         Policy
+	dryRun         bool
 	logger         *slog.Logger
 	tracerProvider trace.TracerProvider
 	meterProvider  metric.MeterProvider
@@ -117,6 +118,32 @@ func WithClock(now func() time.Time) Option {
 // default.
 func WithPolicy(p Policy) Option {
 	return optionFunc(func(c *config) { c.policy = p })
+}
+
+// WithDryRun makes a Limiter, or a Transport, take tokens and measure as
+// usual but never delay or refuse anything: for rolling quota out on a
+// running fleet, to see what it would do before it does it. Wait returns
+// at once where it would have slept (on a queue or on a provider's pause)
+// or refused, Limiter.Allow reports true, and a Transport sends every
+// request.
+//
+// The buckets are charged as when enforced: a take whose wait would pass
+// the context's deadline, or MaxWait without one, takes nothing, and a
+// provider's Retry-After still pauses the bucket. While Redis is
+// unavailable the Policy is measured the same way: FallbackLocal's local
+// share is charged, FailClosed's refusals are counted.
+//
+// Spans and metrics record what would have happened, with the attribute
+// quota.dry_run=true: the outcome and error.type enforcement would have
+// given (refused as would_exceed_deadline, unavailable, would_wait...),
+// and as quota.wait.seconds and quota.wait.duration the wait the caller
+// would have had, not the time it took (zero for a refusal; for a wait
+// past MaxWait without a deadline, the wait the script replied). Invalid
+// input, a Redis error and a KeyFunc's failure are recorded the same way
+// and fail nothing; only the caller's own context ending still returns its
+// error, since that is not quota refusing. Nothing is logged per request.
+func WithDryRun() Option {
+	return optionFunc(func(c *config) { c.dryRun = true })
 }
 
 // WithLogger sets the logger for changes of mode, slog.Default() by default.

@@ -43,12 +43,18 @@ func NewTransport(rdb redis.Scripter, lim Limit, opts ...Option) *Transport {
 // When no token can be had (an invalid Limit, cost or key, the request's
 // context ending, Redis unavailable under FailClosed, none available now
 // WithNoWait) it closes the request body and returns the Limiter's error
-// without sending anything.
+// without sending anything. WithDryRun, it sends every request at once
+// unless its context has ended.
 func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	name, err := t.cfg.key(req)
 	if err != nil {
+		err = fmt.Errorf("%w: %w", ErrInvalidKey, err)
+		if t.cfg.dryRun {
+			t.limiter.recordFailure(req.Context(), err)
+			return t.cfg.base.RoundTrip(req)
+		}
 		closeBody(req)
-		return nil, fmt.Errorf("%w: %w", ErrInvalidKey, err)
+		return nil, err
 	}
 	lims := t.limitsFor(name)
 	cost := 1.0
