@@ -47,6 +47,7 @@ type breaker struct {
 	logger      *slog.Logger
 	remindEvery time.Duration
 	idle        time.Duration
+	dryRun      bool // WithDryRun: the policy is measured, not enforced
 
 	// ask asks Redis about bucket b; it returns nil when Redis answered,
 	// even with an error that is not an outage.
@@ -95,7 +96,7 @@ func (br *breaker) trip(b bucket, cause error) {
 	br.served.Store(0)
 	br.refused.Store(0)
 	br.touch(b)
-	br.logger.LogAttrs(context.Background(), levelFor(mode), "quota: Redis unavailable, "+describeMode(mode),
+	br.logger.LogAttrs(context.Background(), levelFor(mode), "quota: Redis unavailable, "+br.describe(mode),
 		slog.String("redis", br.client),
 		slog.String("bucket", b.name),
 		slog.String("policy", br.policy.String()),
@@ -157,7 +158,7 @@ func (br *breaker) remind(cause error) {
 		return
 	}
 	mode := br.mode()
-	br.logger.LogAttrs(context.Background(), levelFor(mode), "quota: Redis still unavailable, "+describeMode(mode),
+	br.logger.LogAttrs(context.Background(), levelFor(mode), "quota: Redis still unavailable, "+br.describe(mode),
 		slog.String("redis", br.client),
 		slog.String("policy", br.policy.String()),
 		slog.String("mode", mode.String()),
@@ -203,6 +204,14 @@ func levelFor(m Mode) slog.Level {
 		return slog.LevelWarn
 	}
 	return slog.LevelError
+}
+
+// describe says what the policy does to requests in mode m.
+func (br *breaker) describe(m Mode) string {
+	if br.dryRun {
+		return describeMode(m) + " (dry run: measured, not enforced)"
+	}
+	return describeMode(m)
 }
 
 func describeMode(m Mode) string {

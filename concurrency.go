@@ -26,10 +26,17 @@ import (
 // matching ErrInvalidLimit. While Redis is unavailable the Limiter's Policy
 // decides: FailOpen grants, FailClosed refuses with ErrUnavailable, and
 // FallbackLocal grants this process n divided by the workers, at least 1.
+// Under WithDryRun it never waits: it holds a slot when one is free, and
+// returns a Slot that holds nothing otherwise.
 func (l *Limiter) AcquireSlot(ctx context.Context, name string, n int) (_ *Slot, err error) {
 	ctx, span := l.obs.start(ctx, name, 0)
-	span.mode = l.breaker.mode()
-	defer func() { span.end(err) }()
+	span.mode, span.dryRun = l.breaker.mode(), l.cfg.dryRun
+	defer func() {
+		span.end(err)
+		if span.dryRun && err != nil && outcome(err) != outcomeCancelled {
+			err = nil // measured, not enforced
+		}
+	}()
 	b, err := l.bucket(name, []Limit{{Rate: 1, Burst: 1}})
 	if err != nil {
 		return nil, err
@@ -40,7 +47,11 @@ func (l *Limiter) AcquireSlot(ctx context.Context, name string, n int) (_ *Slot,
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	return l.acquireSlot(ctx, &span, b, n, false)
+	slot, err := l.acquireSlot(ctx, &span, b, n, span.dryRun)
+	if err == errNoSlot {
+		return &Slot{}, nil // under dry run: it would have waited
+	}
+	return slot, err
 }
 
 // checkSlots reports whether a bucket can have n slots.

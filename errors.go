@@ -43,6 +43,13 @@ var (
 	// answers MOVED for the buckets other nodes serve.
 	ErrScript = errors.New("quota: script failed")
 
+	// ErrWouldWait reports that the tokens are not available now and the
+	// caller asked not to wait for them (a Transport WithNoWait), so nothing
+	// was taken. The returned error names the bucket and how long the wait
+	// would have been. It is not Permanent: tokens accrue, so a retry after
+	// a backoff may find them.
+	ErrWouldWait = errors.New("quota: tokens not available now")
+
 	// ErrWouldExceedDeadline reports that the wait for the tokens would end
 	// after the context's deadline, so nothing was taken. errors.Is also
 	// matches it against context.DeadlineExceeded.
@@ -74,6 +81,7 @@ var sentinels = []struct {
 	permanent bool
 }{
 	{ErrWouldExceedDeadline, "would_exceed_deadline", outcomeRefused, true},
+	{ErrWouldWait, "would_wait", outcomeRefused, false},
 	{ErrUnavailable, "unavailable", outcomeRefused, true},
 	{ErrScript, "script", outcomeError, true},
 	{ErrNoPermission, "no_permission", outcomeError, true},

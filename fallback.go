@@ -188,8 +188,10 @@ func (ls *localLimiters) reset() {
 	ls.mu.Unlock()
 }
 
-// localWait waits for n tokens from this process's share of every layer.
-func (l *Limiter) localWait(ctx context.Context, b bucket, n float64) error {
+// localWait waits for n tokens from this process's share of every layer,
+// or takes them only if the share has them now when noWait is set, and
+// returns how long it waited, or under dry run would have.
+func (l *Limiter) localWait(ctx context.Context, b bucket, n float64, noWait bool) (time.Duration, error) {
 	tokens := int(math.Ceil(n))
 	now := time.Now()
 	var delay time.Duration
@@ -204,36 +206,48 @@ func (l *Limiter) localWait(ctx context.Context, b bucket, n float64) error {
 		if err != nil {
 			cancel()
 			l.breaker.refused.Add(1)
-			return err
+			return 0, err
 		}
 		if tokens > rl.Burst() {
 			cancel()
 			l.breaker.refused.Add(1)
-			return fmt.Errorf("%w: %v tokens exceed this worker's local share of the burst, %d", ErrUnavailable, n, rl.Burst())
+			return 0, fmt.Errorf("%w: %v tokens exceed this worker's local share of the burst, %d", ErrUnavailable, n, rl.Burst())
 		}
 		r := rl.ReserveN(now, tokens)
 		rs = append(rs, r)
 		delay = max(delay, r.DelayFrom(now))
 	}
 	maxWait, deadline := l.maxWait(ctx)
+	if noWait {
+		maxWait = 0
+	}
 	if delay > maxWait {
 		cancel()
-		if deadline {
-			return fmt.Errorf("%w: %q needs %v", ErrWouldExceedDeadline, b.name, delay)
+		switch {
+		case noWait:
+			return 0, fmt.Errorf("%w: %q needs %v", ErrWouldWait, b.name, delay)
+		case deadline:
+			return 0, fmt.Errorf("%w: %q needs %v", ErrWouldExceedDeadline, b.name, delay)
+		case l.cfg.dryRun:
+			return delay, nil // enforced, it would sleep MaxWait and ask again
 		}
 		if err := sleep(ctx, maxWait); err != nil {
-			return err
+			return 0, err
 		}
-		return errAskAgain
+		return 0, errAskAgain
+	}
+	if l.cfg.dryRun {
+		l.breaker.served.Add(1)
+		return delay, nil // the share keeps the reservation, as if slept on
 	}
 	if err := sleep(ctx, delay); err != nil {
 		for _, r := range rs {
 			r.Cancel()
 		}
-		return err
+		return 0, err
 	}
 	l.breaker.served.Add(1)
-	return nil
+	return delay, nil
 }
 
 // settleLocal hands the shared bucket, when it resumes, the state of the

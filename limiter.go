@@ -26,7 +26,8 @@ const refundTimeout = time.Second
 // the case.
 //
 // A Limiter is safe for concurrent use. Most callers want a Transport, which
-// waits for a token before each HTTP request; Wait serves everything else.
+// waits for a token before each HTTP request; Wait serves everything else,
+// and Allow takes a token only if there is one now.
 type Limiter struct {
 	cfg        config
 	store      *store
@@ -66,6 +67,7 @@ func NewLimiter(rdb redis.Scripter, opts ...Option) *Limiter {
 		logger:      cfg.logger,
 		remindEvery: remindEvery,
 		idle:        probeIdle,
+		dryRun:      cfg.dryRun,
 		ask:         l.ask,
 		resumeIn:    l.resumeIn,
 		closing:     l.settleLocal,
@@ -122,18 +124,59 @@ func (l *Limiter) WaitN(ctx context.Context, name string, lim Limit, n float64) 
 // lives under the bucket's key and each further one under a key of its own
 // in the same Redis Cluster slot.
 func (l *Limiter) WaitAll(ctx context.Context, name string, n float64, lims ...Limit) error {
-	_, err := l.acquire(ctx, name, n, lims, 0)
+	_, err := l.acquire(ctx, name, n, lims, 0, false)
 	return err
 }
 
-// acquire waits for n tokens of the bucket called name with layers lims,
-// then, when slots is above zero, for one of its slots: the caller seeks
-// its slot once its tokens fall due, so that a caller waiting for tokens
-// holds no slot. When no slot comes, the tokens go back to the bucket.
-func (l *Limiter) acquire(ctx context.Context, name string, n float64, lims []Limit, slots int) (_ *Slot, err error) {
+// Allow is shorthand for AllowN(ctx, name, lim, 1).
+func (l *Limiter) Allow(ctx context.Context, name string, lim Limit) (bool, error) {
+	return l.AllowN(ctx, name, lim, 1)
+}
+
+// AllowN reports whether n tokens of the bucket called name, refilled at
+// lim, are available now, and takes them if they are. It never waits: it
+// asks Redis once, and a take that would have to wait takes nothing and
+// reports false. A bucket that a provider's Retry-After paused has no
+// tokens available.
+//
+// Invalid input fails as in WaitN, without a Redis call. While Redis is
+// unavailable the Policy decides: FailOpen reports true, FailClosed false
+// with an error matching ErrUnavailable, and FallbackLocal whether this
+// process's local share has the tokens now.
+func (l *Limiter) AllowN(ctx context.Context, name string, lim Limit, n float64) (bool, error) {
+	return l.AllowAll(ctx, name, n, lim)
+}
+
+// AllowAll is AllowN for a bucket that obeys several Limits at once (see
+// WaitAll): it takes n tokens from every layer when all of them have them
+// now, and from none otherwise.
+func (l *Limiter) AllowAll(ctx context.Context, name string, n float64, lims ...Limit) (bool, error) {
+	_, err := l.acquire(ctx, name, n, lims, 0, true)
+	if errors.Is(err, ErrWouldWait) {
+		return false, nil
+	}
+	return err == nil, err
+}
+
+// acquire takes n tokens from every layer of the bucket called name for
+// WaitAll, or, when noWait is set (AllowAll, WithNoWait), only if they are
+// available now, failing with ErrWouldWait otherwise. When slots is above
+// zero it then waits for one of the bucket's slots: the caller seeks its
+// slot once its tokens fall due, so that a caller waiting for tokens holds
+// no slot, and when no slot comes the tokens go back to the bucket. With
+// noWait the slot is tried first, and handed back when the tokens are not
+// there. Under WithDryRun it records what it would have done and returns at
+// once, with an error only when ctx has ended, holding a slot only if one
+// was free.
+func (l *Limiter) acquire(ctx context.Context, name string, n float64, lims []Limit, slots int, noWait bool) (_ *Slot, err error) {
 	ctx, span := l.obs.start(ctx, name, n)
-	span.mode = l.breaker.mode()
-	defer func() { span.end(err) }()
+	span.mode, span.dryRun = l.breaker.mode(), l.cfg.dryRun
+	defer func() {
+		span.end(err)
+		if span.dryRun && err != nil && outcome(err) != outcomeCancelled {
+			err = nil // measured, not enforced
+		}
+	}()
 
 	b, err := l.bucket(name, lims)
 	if err != nil {
@@ -151,8 +194,28 @@ func (l *Limiter) acquire(ctx context.Context, name string, n float64, lims []Li
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	g, err := l.waitTokens(ctx, &span, b, n)
-	if err != nil || slots == 0 {
+	if slots == 0 {
+		_, err := l.waitTokens(ctx, &span, b, n, noWait)
+		return nil, err
+	}
+	if noWait || span.dryRun {
+		slot, err := l.acquireSlot(ctx, &span, b, slots, true)
+		switch {
+		case err == errNoSlot && span.dryRun:
+			slot = nil // measured: it would have waited for a slot
+		case err == errNoSlot:
+			return nil, fmt.Errorf("%w: every one of %q's %d slots is in use", ErrWouldWait, name, slots)
+		case err != nil:
+			return nil, err
+		}
+		if _, err := l.waitTokens(ctx, &span, b, n, noWait); err != nil {
+			slot.Release()
+			return nil, err
+		}
+		return slot, nil
+	}
+	g, err := l.waitTokens(ctx, &span, b, n, false)
+	if err != nil {
 		return nil, err
 	}
 	slot, err := l.acquireSlot(ctx, &span, b, slots, false)
@@ -164,19 +227,23 @@ func (l *Limiter) acquire(ctx context.Context, name string, n float64, lims []Li
 
 // waitTokens waits for n tokens of bucket b and returns the grant of the
 // shared bucket, if it granted them.
-func (l *Limiter) waitTokens(ctx context.Context, span *waitSpan, b bucket, n float64) (grant, error) {
+func (l *Limiter) waitTokens(ctx context.Context, span *waitSpan, b bucket, n float64, noWait bool) (grant, error) {
 	name := b.name
 	for {
 		if mode := l.breaker.mode(); mode != ModeShared {
 			span.mode = mode
 			l.breaker.touch(b)
-			err := l.degradedWait(ctx, b, n, mode)
+			wait, err := l.degradedWait(ctx, b, n, mode, noWait)
+			span.wait = wait
 			if err == errAskAgain {
 				continue // Redis may be back by now
 			}
 			return grant{}, err
 		}
 		maxWait, deadline := l.maxWait(ctx)
+		if noWait {
+			maxWait = 0
+		}
 		g, trips, err := l.store.take(ctx, b, n, maxWait)
 		span.trips += trips
 		if err != nil {
@@ -190,6 +257,10 @@ func (l *Limiter) waitTokens(ctx context.Context, span *waitSpan, b bucket, n fl
 		if g.granted {
 			if l.cfg.policy.mode() == ModeLocal {
 				l.locals.granted(name, g.wait)
+			}
+			if span.dryRun {
+				span.wait = g.wait
+				return g, nil
 			}
 			moved, err := l.sleepOn(ctx, b, g)
 			if moved != 0 && g.tats != nil {
@@ -207,13 +278,29 @@ func (l *Limiter) waitTokens(ctx context.Context, span *waitSpan, b bucket, n fl
 			}
 			return g, nil
 		}
-		if deadline {
+		switch {
+		case noWait:
+			return grant{}, fmt.Errorf("%w: %q needs %v", ErrWouldWait, name, g.wait)
+		case deadline:
 			return grant{}, fmt.Errorf("%w: %q needs %v", ErrWouldExceedDeadline, name, g.wait)
+		case span.dryRun:
+			// Enforced, the caller would sleep MaxWait and ask again: its
+			// wait would be about what the script replied, at least that.
+			span.wait = g.wait
+			return grant{}, nil
 		}
 		if err := sleep(ctx, maxWait); err != nil {
 			return grant{}, err
 		}
 	}
+}
+
+// recordFailure records, under dry run, an acquisition that failed with
+// err before it had a bucket to take from.
+func (l *Limiter) recordFailure(ctx context.Context, err error) {
+	_, span := l.obs.start(ctx, "", 1)
+	span.mode, span.dryRun = l.breaker.mode(), l.cfg.dryRun
+	span.end(err)
 }
 
 // Mode returns how the Limiter grants tokens now: ModeShared while Redis is
@@ -227,20 +314,22 @@ func (l *Limiter) bucket(name string, lims []Limit) (bucket, error) {
 	return newBucket(l.cfg.prefix, name, lims)
 }
 
-// errAskAgain tells WaitAll that the policy slept MaxWait without granting.
+// errAskAgain tells acquire that the policy slept MaxWait without granting.
 var errAskAgain = errors.New("quota: ask again")
 
-// degradedWait serves a request by the Policy while Redis is unavailable.
-func (l *Limiter) degradedWait(ctx context.Context, b bucket, n float64, mode Mode) error {
+// degradedWait serves a request by the Policy while Redis is unavailable,
+// taking only tokens available now when noWait is set, and returns how long
+// the request waited, or under dry run would have.
+func (l *Limiter) degradedWait(ctx context.Context, b bucket, n float64, mode Mode, noWait bool) (time.Duration, error) {
 	switch mode {
 	case ModeOpen:
 		l.breaker.served.Add(1)
-		return nil
+		return 0, nil
 	case ModeLocal:
-		return l.localWait(ctx, b, n)
+		return l.localWait(ctx, b, n, noWait)
 	}
 	l.breaker.refused.Add(1)
-	return fmt.Errorf("%w: %w", ErrUnavailable, l.breaker.lastCause())
+	return 0, fmt.Errorf("%w: %w", ErrUnavailable, l.breaker.lastCause())
 }
 
 // ask is the breaker's question to Redis: it returns nil when Redis

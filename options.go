@@ -36,6 +36,7 @@ type config struct {
 	maxWait        time.Duration
 	clock          func() time.Time
 	policy         Policy
+	dryRun         bool
 	logger         *slog.Logger
 	tracerProvider trace.TracerProvider
 	meterProvider  metric.MeterProvider
@@ -51,6 +52,7 @@ type config struct {
 	cost            func(*http.Request) float64
 	settle          func(*http.Response) (float64, bool)
 	maxPause        time.Duration
+	noWait          bool
 	providerHeaders bool
 	concurrency     int
 }
@@ -93,6 +95,17 @@ func WithMaxWait(d time.Duration) Option {
 	return optionFunc(func(c *config) { c.maxWait = d })
 }
 
+// WithNoWait makes a Transport refuse a request at once, when its tokens
+// are not available now, instead of waiting for them: RoundTrip then takes
+// nothing, sends nothing, closes the request body and returns an error
+// matching ErrWouldWait that names the bucket and how long the wait would
+// have been. Under a retrying client the refusal is retried after the
+// client's backoff (it is not Permanent). NewLimiter ignores it: a
+// Limiter's callers who must not wait use Limiter.Allow.
+func WithNoWait() Option {
+	return optionFunc(func(c *config) { c.noWait = true })
+}
+
 // WithClock makes the script use now, the callers' clock, instead of the
 // Redis server's TIME. Use it only where the server refuses TIME in scripts.
 // The bucket's state never moves backwards, but callers whose clocks
@@ -110,6 +123,32 @@ func WithClock(now func() time.Time) Option {
 // default.
 func WithPolicy(p Policy) Option {
 	return optionFunc(func(c *config) { c.policy = p })
+}
+
+// WithDryRun makes a Limiter, or a Transport, take tokens and measure as
+// usual but never delay or refuse anything: for rolling quota out on a
+// running fleet, to see what it would do before it does it. Wait returns
+// at once where it would have slept (on a queue or on a provider's pause)
+// or refused, Limiter.Allow reports true, and a Transport sends every
+// request.
+//
+// The buckets are charged as when enforced: a take whose wait would pass
+// the context's deadline, or MaxWait without one, takes nothing, and a
+// provider's Retry-After still pauses the bucket. While Redis is
+// unavailable the Policy is measured the same way: FallbackLocal's local
+// share is charged, FailClosed's refusals are counted.
+//
+// Spans and metrics record what would have happened, with the attribute
+// quota.dry_run=true: the outcome and error.type enforcement would have
+// given (refused as would_exceed_deadline, unavailable, would_wait...),
+// and as quota.wait.seconds and quota.wait.duration the wait the caller
+// would have had, not the time it took (zero for a refusal; for a wait
+// past MaxWait without a deadline, the wait the script replied). Invalid
+// input, a Redis error and a KeyFunc's failure are recorded the same way
+// and fail nothing; only the caller's own context ending still returns its
+// error, since that is not quota refusing. Nothing is logged per request.
+func WithDryRun() Option {
+	return optionFunc(func(c *config) { c.dryRun = true })
 }
 
 // WithLogger sets the logger for changes of mode, slog.Default() by default.

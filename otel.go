@@ -32,6 +32,7 @@ const (
 	attrPause      = attribute.Key("quota.pause.seconds")
 	attrSlots      = attribute.Key("quota.slots.limit")
 	attrSlotWait   = attribute.Key("quota.slot.wait.seconds")
+	attrDryRun     = attribute.Key("quota.dry_run")
 	attrErrorType  = attribute.Key("error.type")
 )
 
@@ -63,7 +64,7 @@ func newObserver(cfg config) observer {
 	// Instrument errors leave a no-op instrument in place; a limiter does
 	// not fail for want of telemetry.
 	o.waits, _ = meter.Float64Histogram("quota.wait.duration",
-		metric.WithDescription("How long acquisitions waited for tokens, Redis round trips included."),
+		metric.WithDescription("How long acquisitions waited for tokens, Redis round trips included; under dry run, the wait they would have had."),
 		metric.WithUnit("s"),
 		metric.WithExplicitBucketBoundaries(waitBuckets...))
 	o.acquisitions, _ = meter.Int64Counter("quota.acquisitions",
@@ -135,6 +136,11 @@ type waitSpan struct {
 
 	slots    int           // the bucket's concurrency slots, when one was asked for
 	slotWait time.Duration // how long the wait for it took
+
+	// Under WithDryRun, the acquisition is recorded with the wait it would
+	// have had instead of the time it took.
+	dryRun bool
+	wait   time.Duration
 }
 
 func (o *observer) start(ctx context.Context, name string, n float64) (context.Context, waitSpan) {
@@ -162,6 +168,10 @@ func (s *waitSpan) end(err error) {
 	attrs := []attribute.KeyValue{attrMode.String(s.mode.String()), attrOutcome.String(outcome(err))}
 	if err != nil {
 		attrs = append(attrs, attrErrorType.String(errorType(err)))
+	}
+	if s.dryRun {
+		waited = s.wait.Seconds()
+		attrs = append(attrs, attrDryRun.Bool(true))
 	}
 	if s.o.keys {
 		attrs = append(attrs, attrKey.String(s.name))

@@ -10,7 +10,9 @@ import (
 // script error, a Redis user without permission, a refusal while Redis is
 // unavailable under FailClosed, or a wait that would pass the request's
 // deadline. Waiting for a token is already the Transport's job, so a retry
-// loop should stop on these.
+// loop should stop on these. ErrWouldWait is not permanent: the caller
+// chose not to wait (WithNoWait), and the tokens a retry needs accrue
+// during its backoff.
 func Permanent(err error) bool {
 	i, ok := sentinelOf(err)
 	return ok && sentinels[i].permanent

@@ -43,20 +43,27 @@ func NewTransport(rdb redis.Scripter, lim Limit, opts ...Option) *Transport {
 
 // RoundTrip waits for a token, then sends req with the base RoundTripper.
 // When no token can be had (an invalid Limit, cost or key, the request's
-// context ending, Redis unavailable under FailClosed) it closes the request
-// body and returns the Limiter's error without sending anything.
+// context ending, Redis unavailable under FailClosed, none available now
+// WithNoWait) it closes the request body and returns the Limiter's error
+// without sending anything. WithDryRun, it sends every request at once
+// unless its context has ended.
 func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	name, err := t.cfg.key(req)
 	if err != nil {
+		err = fmt.Errorf("%w: %w", ErrInvalidKey, err)
+		if t.cfg.dryRun {
+			t.limiter.recordFailure(req.Context(), err)
+			return t.cfg.base.RoundTrip(req)
+		}
 		closeBody(req)
-		return nil, fmt.Errorf("%w: %w", ErrInvalidKey, err)
+		return nil, err
 	}
 	lims := t.limitsFor(name)
 	cost := 1.0
 	if t.cfg.cost != nil {
 		cost = t.cfg.cost(req)
 	}
-	slot, err := t.limiter.acquire(req.Context(), name, cost, lims, t.cfg.concurrency)
+	slot, err := t.limiter.acquire(req.Context(), name, cost, lims, t.cfg.concurrency, t.cfg.noWait)
 	if err != nil {
 		closeBody(req)
 		return nil, err
