@@ -101,12 +101,16 @@ type store struct {
 	clock   func() time.Time // nil: the server's clock
 	cluster bool             // the client follows Cluster redirections
 	publish string           // the command that announces a pause
+	batches *batches         // nil: every take a call of its own
 }
 
 func newStore(rdb redis.Scripter, cfg config) *store {
 	s := &store{script: newScript(rdb, bucketSource), clock: cfg.clock, publish: "PUBLISH"}
 	if _, s.cluster = rdb.(*redis.ClusterClient); s.cluster {
 		s.publish = "SPUBLISH" // stays in the bucket's slot
+	}
+	if !cfg.noBatching {
+		s.batches = new(batches)
 	}
 	s.argv.init(cfg.maxWait)
 	return s
@@ -132,7 +136,18 @@ func (g grant) takenAt(b bucket) int64 {
 
 // take takes n tokens from every layer of b when the wait for them is at
 // most maxWait, and returns the grant and the Redis round trips it took.
+// A take of a bucket that has no take in flight in this store is sent at
+// once; one that finds a take in flight joins the next call, shared with
+// every take that queued meanwhile (see batches).
 func (s *store) take(ctx context.Context, b bucket, n float64, maxWait time.Duration) (grant, int, error) {
+	if s.batches == nil {
+		return s.takeOne(ctx, b, n, maxWait)
+	}
+	return s.batches.take(s, ctx, b, n, maxWait)
+}
+
+// takeOne takes n tokens from every layer of b in a call of its own.
+func (s *store) takeOne(ctx context.Context, b bucket, n float64, maxWait time.Duration) (grant, int, error) {
 	cmd, trips := s.run(ctx, b, "take", s.argv.tokens(n), s.argv.micros(maxWait.Microseconds()), nil)
 	if err := cmd.Err(); err != nil {
 		return grant{}, trips, err
@@ -205,7 +220,12 @@ func (s *store) do(ctx context.Context, b bucket, op string, x any, tats []int64
 // run runs the script on b's keys with ARGV op, x and y (see script.lua),
 // the clock, and each layer's rate, burst and tat.
 func (s *store) run(ctx context.Context, b bucket, op string, x, y any, tats []int64) (*redis.Cmd, int) {
-	args := make([]any, 0, 4+3*len(b.lims))
+	return s.script.run(ctx, b.keys, s.args(b, op, x, y, tats, 0)...)
+}
+
+// args returns the ARGV of run, with room for spare more.
+func (s *store) args(b bucket, op string, x, y any, tats []int64, spare int) []any {
+	args := make([]any, 0, 4+3*len(b.lims)+spare)
 	args = append(args, op, x, y, s.now())
 	for i, lim := range b.lims {
 		var tat any = 0
@@ -215,7 +235,7 @@ func (s *store) run(ctx context.Context, b bucket, op string, x, y any, tats []i
 		rate, burst := s.argv.limit(lim)
 		args = append(args, rate, burst, tat)
 	}
-	return s.script.run(ctx, b.keys, args...)
+	return args
 }
 
 // decode checks a table reply, {granted, wait, tat_1, ..., tat_k}.

@@ -176,23 +176,42 @@ func (rec *dueRecord) setDue(due time.Time, waited bool, wait time.Duration) {
 
 // dueHook is a go-redis hook that works out, from the reply of each take
 // made under a context marked by withDueRecord, when the script granted
-// the tokens (see takeDue), and records it there. The hook runs in the
-// goroutine that makes the call, before the caller sees the reply.
+// the tokens (see takeDues), and records it there. A call that serves
+// several callers' takes carries their contexts (callersKey), and each
+// caller's record gets its own part of the reply. The hook runs in the
+// goroutine that makes the call, before any caller sees the reply.
 type dueHook struct{}
 
 func (dueHook) DialHook(next redis.DialHook) redis.DialHook { return next }
 
 func (dueHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		rec := dueRecordOf(ctx)
-		if rec == nil {
+		callers, _ := ctx.Value(callersKey{}).([]context.Context)
+		if callers == nil {
+			callers = []context.Context{ctx}
+		}
+		recs := make([]*dueRecord, len(callers))
+		marked := false
+		for i, c := range callers {
+			recs[i] = dueRecordOf(c)
+			marked = marked || recs[i] != nil
+		}
+		if !marked {
 			return next(ctx, cmd)
 		}
 		sent := time.Now()
 		err := next(ctx, cmd)
 		replied := time.Now()
-		if err == nil {
-			if tk, ok := takeDue(cmd, sent); ok {
+		if err != nil {
+			return err
+		}
+		tks := takeDues(cmd, sent)
+		if len(tks) != len(recs) {
+			return err
+		}
+		for i, rec := range recs {
+			if rec != nil && tks[i].granted {
+				tk := tks[i]
 				rec.Sent, rec.Replied, rec.Now = sent, replied, tk.now
 				rec.setDue(tk.due, tk.waited, tk.wait)
 			}
@@ -205,17 +224,18 @@ func (dueHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Process
 	return next
 }
 
-// takeGrant is what a granted take's command and reply say.
+// takeGrant is what a take's command and reply say of one caller's take.
 type takeGrant struct {
-	due    time.Time     // when the script granted the tokens
-	wait   time.Duration // the wait the reply reported
-	waited bool          // the reply carried a wait, and due follows from its tats
-	now    time.Time     // the caller's clock the take carried (WithClock), or zero
+	granted bool          // false for a refusal
+	due     time.Time     // when the script granted the tokens
+	wait    time.Duration // the wait the reply reported
+	waited  bool          // the reply carried a wait, and due follows from its tats
+	now     time.Time     // the caller's clock the take carried (WithClock), or zero
 }
 
-// takeDue returns the instant the script granted the tokens of a take,
-// given the command and when it was sent; ok is false for a refusal and
-// for any other command.
+// takeDues returns what a take's command and reply say of each caller's
+// take, in order: one for a take of its own, one a caller for a batch; nil
+// for any other command. sent is when the command was sent.
 //
 // A take that waits replies {1, wait, tat_1, ..., tat_k}: tat_i is layer
 // i's new theoretical arrival time, max(old tat_i, g) + n/rate_i, where g
@@ -224,67 +244,126 @@ type takeGrant struct {
 // so g = tat_i - burst_i/rate_i for it, and for every other layer
 // tat_j - burst_j/rate_j <= g (its own wait is no longer). So g is the
 // largest tat_i - burst_i/rate_i: found here to within the microsecond to
-// which the script floors the tats, never later.
+// which the script floors the tats, never later. A batch replies such a
+// table for each caller, one after another.
 //
-// A take granted at once replies 0 alone, and g is the script's now, which
-// the reply does not give. It is the caller's clock in ARGV[4] when the
-// take carries one (WithClock); otherwise the server read its clock after
-// the take was sent, and sent, never later, stands in for it.
-func takeDue(cmd redis.Cmder, sent time.Time) (tk takeGrant, ok bool) {
+// A take granted at once replies 0 alone (a batch: 0 when every caller
+// was, or a wait of 0 in its part), and g is the script's now, which the
+// reply does not give. It is the caller's clock in ARGV[4] when the take
+// carries one (WithClock); otherwise the server read its clock after the
+// take was sent, and sent, never later, stands in for it.
+func takeDues(cmd redis.Cmder, sent time.Time) []takeGrant {
 	if n := cmd.Name(); n != "evalsha" && n != "eval" {
-		return tk, false
+		return nil
 	}
 	c, isCmd := cmd.(*redis.Cmd)
 	args := cmd.Args() // evalsha, sha, numkeys, keys..., argv...
 	if !isCmd || len(args) < 3 {
-		return tk, false
+		return nil
 	}
 	k, err := strconv.Atoi(fmt.Sprint(args[2]))
-	if err != nil || k < 1 || len(args) != 3+k+4+3*k {
-		return tk, false
+	if err != nil || k < 1 || len(args) < 3+k+4+3*k || (len(args)-(3+k+4+3*k))%2 != 0 {
+		return nil
 	}
 	argv := args[3+k:]
 	if fmt.Sprint(argv[0]) != "take" {
-		return tk, false
+		return nil
 	}
-	if now := fmt.Sprint(argv[3]); now != "" {
-		us, err := strconv.ParseInt(now, 10, 64)
+	callers := 1 + (len(args)-(3+k+4+3*k))/2
+	var now time.Time
+	if s := fmt.Sprint(argv[3]); s != "" {
+		us, err := strconv.ParseInt(s, 10, 64)
 		if err != nil {
-			return tk, false
+			return nil
 		}
-		tk.now = time.UnixMicro(us)
+		now = time.UnixMicro(us)
 	}
+	atOnce := takeGrant{granted: true, due: sent, now: now}
+	if !now.IsZero() {
+		atOnce.due = now
+	}
+	out := make([]takeGrant, callers)
 	switch v := c.Val().(type) {
 	case int64:
 		if v != 0 {
-			return tk, false
+			return nil
 		}
-		tk.due = sent
-		if !tk.now.IsZero() {
-			tk.due = tk.now
+		for i := range out {
+			out[i] = atOnce
 		}
-		return tk, true
+		return out
 	case []any:
-		if len(v) != 2+k || v[0] != int64(1) {
-			return tk, false
+		stride := 2 + k
+		if len(v) != stride*callers {
+			return nil
 		}
-		w, _ := v[1].(int64)
-		for i := range k {
-			tat, okTat := v[2+i].(int64)
-			rate, err1 := strconv.ParseFloat(fmt.Sprint(argv[3*i+4]), 64)
-			burst, err2 := strconv.ParseFloat(fmt.Sprint(argv[3*i+5]), 64)
-			if !okTat || err1 != nil || err2 != nil {
-				return tk, false
+		for j := range out {
+			r := v[j*stride : (j+1)*stride]
+			w, _ := r[1].(int64)
+			switch {
+			case r[0] != int64(1):
+				continue // refused
+			case w == 0 && callers > 1:
+				out[j] = atOnce
+				continue
 			}
-			full := time.Duration(math.Round(burst / rate * float64(time.Second)))
-			if g := time.UnixMicro(tat).Add(-full); i == 0 || g.After(tk.due) {
-				tk.due = g
+			tk := takeGrant{granted: true, now: now}
+			for i := range k {
+				tat, okTat := r[2+i].(int64)
+				rate, err1 := strconv.ParseFloat(fmt.Sprint(argv[3*i+4]), 64)
+				burst, err2 := strconv.ParseFloat(fmt.Sprint(argv[3*i+5]), 64)
+				if !okTat || err1 != nil || err2 != nil {
+					return nil
+				}
+				full := time.Duration(math.Round(burst / rate * float64(time.Second)))
+				if g := time.UnixMicro(tat).Add(-full); i == 0 || g.After(tk.due) {
+					tk.due = g
+				}
 			}
+			tk.wait, tk.waited = time.Duration(w)*time.Microsecond, true
+			out[j] = tk
 		}
-		tk.wait, tk.waited = time.Duration(w)*time.Microsecond, true
-		return tk, true
+		return out
 	}
-	return tk, false
+	return nil
+}
+
+// takeReplies returns the reply of a take for each caller it served, in
+// order, each as a take of its own would have it: the reply itself for a
+// take of one caller; for a batch, each caller's part of the reply, or
+// the integer 0 for each when the batch replied 0. It returns nil for any
+// other command or reply.
+func takeReplies(cmd *redis.Cmd) []any {
+	args := cmd.Args() // evalsha, sha, numkeys, keys..., argv...
+	if len(args) < 3 {
+		return nil
+	}
+	k, err := strconv.Atoi(fmt.Sprint(args[2]))
+	if err != nil || k < 1 || len(args) < 3+k+4+3*k || fmt.Sprint(args[3+k]) != "take" {
+		return nil
+	}
+	callers := 1 + (len(args)-(3+k+4+3*k))/2
+	if callers == 1 {
+		return []any{cmd.Val()}
+	}
+	out := make([]any, callers)
+	switch v := cmd.Val().(type) {
+	case int64:
+		for i := range out {
+			out[i] = v
+		}
+		return out
+	case []any:
+		stride := 2 + k
+		if len(v) != stride*callers {
+			return nil
+		}
+		for i := range out {
+			out[i] = v[i*stride : (i+1)*stride]
+		}
+		return out
+	}
+	return nil
 }
 
 // stoppedClock is a clock for WithClock that moves only when told to, so

@@ -34,6 +34,7 @@ type config struct {
 	// Limiter
 	prefix         string
 	maxWait        time.Duration
+	noBatching     bool
 	clock          func() time.Time
 	policy         Policy
 	dryRun         bool
@@ -104,6 +105,20 @@ func WithMaxWait(d time.Duration) Option {
 // Limiter's callers who must not wait use Limiter.Allow.
 func WithNoWait() Option {
 	return optionFunc(func(c *config) { c.noWait = true })
+}
+
+// WithBatching sets whether the callers of one bucket in one Limiter share
+// script calls, true by default. A caller that finds no call for its bucket
+// in flight goes at once, alone. Callers that arrive while one is in flight
+// queue in arrival order, and all of them go in the next call when it
+// returns (at most 256 a call): one Redis command serves them, each granted
+// or refused on its own, in its place in the queue, its deadline counted
+// from its own call. The shared call runs in the first caller's context, so
+// a Redis tracing hook nests it under that caller's wait span; every wait
+// span carries the size of its batch. WithBatching(false) makes every
+// acquisition a call of its own.
+func WithBatching(on bool) Option {
+	return optionFunc(func(c *config) { c.noBatching = !on })
 }
 
 // WithClock makes the script use now, the callers' clock, instead of the

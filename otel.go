@@ -27,6 +27,7 @@ const (
 	attrMode       = attribute.Key("quota.mode")
 	attrOutcome    = attribute.Key("quota.outcome")
 	attrRoundTrips = attribute.Key("quota.redis.round_trips")
+	attrBatchSize  = attribute.Key("quota.batch.size")
 	attrLimiter    = attribute.Key("quota.limiter")
 	attrUpdate     = attribute.Key("quota.update")
 	attrPause      = attribute.Key("quota.pause.seconds")
@@ -211,5 +212,13 @@ func (o *observer) update(ctx context.Context, span, bucket string) (context.Con
 			s.SetAttributes(attrErrorType.String(errorType(err)))
 		}
 		s.End()
+	}
+}
+
+// batchSize records on the wait span in ctx, if any, how many takes shared
+// the Redis call of its take (quota.batch.size): 1 for a call of its own.
+func batchSize(ctx context.Context, n int) {
+	if span := trace.SpanFromContext(ctx); span.IsRecording() {
+		span.SetAttributes(attrBatchSize.Int(n))
 	}
 }

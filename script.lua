@@ -28,6 +28,10 @@
 -- ARGV[3i+3]   layer i's burst, the tokens it holds (>= n).
 -- ARGV[3i+4]   refund: the tat of layer i that the take being cancelled
 --              returned; otherwise 0.
+-- ARGV[3k+2c+1], ARGV[3k+2c+2]
+--              take for several callers at once (a batch): caller c's n and
+--              longest wait, for c = 2 ... m; caller 1's are ARGV[2] and
+--              ARGV[3]. k is the number of layers.
 --
 -- Reply: {granted, wait, tat_1, ..., tat_k}, integers.
 --   take:   granted is 1 when the tokens were taken from every layer, in
@@ -38,6 +42,13 @@
 --           take for a later refund. A take granted without a wait, which
 --           nothing can cancel, replies the integer 0 alone instead: the
 --           cheapest reply there is, for the commonest case.
+--           A batch serves its callers in order, each from the bucket as
+--           the one before it left it, and each granted or refused on its
+--           own: a refused caller takes nothing and the next one still
+--           goes. It replies the callers' replies one after another, each
+--           {granted, wait, tat_1, ..., tat_k} as above, m x (2 + k)
+--           integers; or the integer 0 alone when every caller was granted
+--           without a wait.
 --   others: {1, 0, tats} after the operation:
 --   refund  hands back what no later take is queued behind;
 --   probe   rewrites each layer as it is, a write that changes nothing, to
@@ -111,6 +122,71 @@ for i = 1, k do
     tat = now
   end
   r[i + 2] = tat
+end
+
+if op == 'take' and #ARGV > 3 * k + 4 then
+  -- A batch. The same arithmetic as one take below, for each caller in
+  -- turn, on the layers' tats as the callers before it left them; each
+  -- layer is written once, at the end.
+  local tats, rates, fulls = {}, {}, {}
+  for i = 1, k do
+    tats[i] = r[i + 2]
+    rates[i] = tonumber(ARGV[3 * i + 2])
+    fulls[i] = tonumber(ARGV[3 * i + 3]) / rates[i] * 1000000
+  end
+  local reply, waited = {}, false
+  for c = 1, (#ARGV - 3 * k - 2) / 2 do
+    local x = 2 -- where caller c's n is, its longest wait after it
+    if c > 1 then
+      x = 3 * k + 2 * c + 1
+    end
+    local need = tonumber(ARGV[x])
+    local longest = -math.huge
+    for i = 1, k do
+      local debt = tats[i] - now
+      if debt < 0 then
+        debt = 0
+      end
+      local wait = debt + need / rates[i] * 1000000 - fulls[i]
+      if wait > longest then
+        longest = wait
+      end
+    end
+    local wait = math.floor(longest + 0.5)
+    local o = #reply
+    if wait > tonumber(ARGV[x + 1]) then
+      reply[o + 1], reply[o + 2], waited = 0, wait, true
+      for i = 1, k do
+        reply[o + 2 + i] = math.floor(tats[i])
+      end
+    else
+      local at = now
+      if longest > 0 then
+        at = now + longest
+      else
+        wait = 0
+      end
+      reply[o + 1], reply[o + 2], waited = 1, wait, waited or wait ~= 0
+      for i = 1, k do
+        tats[i] = math.max(tats[i], at) + need / rates[i] * 1000000
+        reply[o + 2 + i] = math.floor(tats[i])
+      end
+    end
+  end
+  for i = 1, k do
+    local v = tats[i]
+    if v ~= r[i + 2] then
+      if v <= now then
+        redis.call('DEL', KEYS[i])
+      else
+        redis.call('SET', KEYS[i], v, 'PX', math.ceil((v - now) / 1000))
+      end
+    end
+  end
+  if waited then
+    return reply
+  end
+  return 0
 end
 
 local grant -- take: when every layer gives the tokens

@@ -21,7 +21,9 @@ import (
 type callerKey struct{}
 
 // replyHook calls seen with the caller's number, the time and the reply of
-// every script call made under a context marked with callerKey.
+// every script call made for a caller whose context is marked with
+// callerKey; a call that serves several callers' takes gives each its own
+// part of the reply (see takeReplies).
 type replyHook struct {
 	seen func(caller int, at time.Time, reply any)
 }
@@ -31,9 +33,22 @@ func (replyHook) DialHook(next redis.DialHook) redis.DialHook { return next }
 func (h replyHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		err := next(ctx, cmd)
-		if i, ok := ctx.Value(callerKey{}).(int); ok && err == nil {
-			if c, ok := cmd.(*redis.Cmd); ok {
-				h.seen(i, time.Now(), c.Val())
+		c, ok := cmd.(*redis.Cmd)
+		if err != nil || !ok {
+			return err
+		}
+		at := time.Now()
+		callers, _ := ctx.Value(callersKey{}).([]context.Context)
+		if callers == nil {
+			if i, ok := ctx.Value(callerKey{}).(int); ok {
+				h.seen(i, at, c.Val())
+			}
+			return err
+		}
+		replies := takeReplies(c)
+		for j, cctx := range callers {
+			if i, ok := cctx.Value(callerKey{}).(int); ok && len(replies) == len(callers) {
+				h.seen(i, at, replies[j])
 			}
 		}
 		return err

@@ -14,6 +14,9 @@ type config struct {
 	swarms      []int         // goroutines of each contended run
 	contended   time.Duration // length of each contended run
 	lim         limit         // the contended runs' bucket
+	scale       []int         // goroutines of each point of the scaling table
+	scaleRounds int           // turns the peers take at each point
+	scaleRun    time.Duration // length of one peer's run at one point
 	redisServer string        // the redis-server binary
 }
 
@@ -25,7 +28,7 @@ type config struct {
 // the resolution of the stored times, and some peers would skip the write.)
 var unlimited = limit{Rate: 1e6, Burst: 1e9}
 
-// defaultConfig is the full run: about a minute on 2 cores.
+// defaultConfig is the full run: about a minute and a half on 2 cores.
 func defaultConfig() config {
 	return config{
 		ops:         30000,
@@ -35,6 +38,9 @@ func defaultConfig() config {
 		swarms:      []int{50, 200},
 		contended:   3 * time.Second,
 		lim:         limit{Rate: 100, Burst: 10},
+		scale:       []int{1, 4, 16, 64, 256},
+		scaleRounds: 3,
+		scaleRun:    400 * time.Millisecond,
 		redisServer: "redis-server",
 	}
 }
@@ -49,6 +55,8 @@ func shortConfig() config {
 	c.throughput = 200 * time.Millisecond
 	c.contended = 300 * time.Millisecond
 	c.lim = limit{Rate: 1000, Burst: 10}
+	c.scaleRounds = 1
+	c.scaleRun = 100 * time.Millisecond
 	return c
 }
 

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -16,20 +15,28 @@ import (
 // of its own, its contended runs lengthened to a second on the full run's
 // bucket (100/s, burst 10), so that the 1-second window fits in them and
 // 200 goroutines queue two seconds deep. It checks the table's shape, and
-// the claims the table makes, from the measured figures:
+// the claims the tables make, from the measured figures:
 //
-//   - quota sends one Redis command per grant (one more at most, to load
-//     its script) and never grants more than Burst + Rate x W in a window
-//     W, as overIssue counts them, while granting at least 80% of Burst +
-//     Rate in its busiest second (which itself is not held to the bound:
-//     its grants are stamped when their callers wake, and on a loaded
-//     machine a window of late stamps holds more than the bound);
-//   - the polling peers send several commands per grant;
+//   - quota, with batching and without, sends at most one Redis command
+//     per grant in the contended runs (one more at most, to read the
+//     bucket's pause record) and never grants more than Burst + Rate x W in
+//     a window W, as overIssue counts them, while granting at least 80% of
+//     Burst + Rate in its busiest second (which itself is not held to the
+//     bound: its grants are stamped when their callers wake, and on a
+//     loaded machine a window of late stamps holds more than the bound);
+//   - with batching, the 64 goroutines of the throughput run share calls:
+//     fewer than 0.2 Redis commands per acquisition, where quota without
+//     batching and redis_rate send one each; and in the contended runs
+//     quota with batching sends fewer commands than it grants;
+//   - in the scaling table, one goroutine sends one command per
+//     acquisition, and quota with batching sends fewer than 0.1 with 256;
+//   - the polling peers send several commands per grant in the contended
+//     runs;
 //   - the seed script, which trusts the caller's clock, over-issues by more
 //     than a whole grant with 200 goroutines;
 //
-// and that the table's cells say so. It is skipped without redis-server on
-// PATH unless QUOTA_REQUIRE_REDIS=1.
+// and that the cells and the targets say so. It is skipped without
+// redis-server on PATH unless QUOTA_REQUIRE_REDIS=1.
 func TestShortRun(t *testing.T) {
 	if _, err := exec.LookPath("redis-server"); err != nil {
 		if os.Getenv("QUOTA_REQUIRE_REDIS") == "1" {
@@ -41,11 +48,12 @@ func TestShortRun(t *testing.T) {
 	cfg.contended = time.Second
 	cfg.lim = defaultConfig().lim
 	var out, log bytes.Buffer
-	version, results, err := measureAll(context.Background(), cfg, &log)
+	rep, err := measureAll(context.Background(), cfg, &log)
 	if err != nil {
 		t.Fatalf("%v\n%s", err, log.String())
 	}
-	writeTable(&out, cfg, version, results)
+	results := rep.peers
+	writeReport(&out, cfg, rep)
 	t.Logf("\n%s", out.String())
 
 	lines := strings.Split(out.String(), "\n")
@@ -81,12 +89,16 @@ func TestShortRun(t *testing.T) {
 	for _, r := range results {
 		row := rows[r.name]
 		switch r.name {
-		case "quota Limiter.Wait":
+		case quotaName, unbatchedName:
 			for i, c := range r.swarms {
-				// One script call a grant, and once per bucket the read of
-				// its pause record when the first caller sleeps on it.
+				// At most one script call a grant, and once per bucket the
+				// read of its pause record when the first caller sleeps on
+				// it.
 				if c.commands > int64(c.grants)+1 {
-					t.Errorf("quota, %d goroutines: %d Redis commands for %d grants, want one a grant and one more", c.goroutines, c.commands, c.grants)
+					t.Errorf("%s, %d goroutines: %d Redis commands for %d grants, want one a grant and one more", r.name, c.goroutines, c.commands, c.grants)
+				}
+				if r.name == quotaName && c.commands >= int64(c.grants) {
+					t.Errorf("quota, %d goroutines: %d Redis commands for %d grants, want fewer: the first callers share a call", c.goroutines, c.commands, c.grants)
 				}
 				if c.excess > exactTolerance {
 					t.Errorf("quota, %d goroutines: %.2f grants more in a window than Burst + Rate x its length", c.goroutines, c.excess)
@@ -96,13 +108,31 @@ func TestShortRun(t *testing.T) {
 					t.Errorf("quota, %d goroutines: at most %d grants in 1 s, want at least %.0f", c.goroutines, c.maxIn1s, want)
 				}
 				if cell, want := row[fmt.Sprintf("cmds/grant ×%d", c.goroutines)], fmtFloat(c.perGrant()); !strings.HasPrefix(cell, want+" ") {
-					t.Errorf("quota: cmds/grant ×%d is %q, want %s from %d commands for %d grants", cfg.swarms[i], cell, want, c.commands, c.grants)
+					t.Errorf("%s: cmds/grant ×%d is %q, want %s from %d commands for %d grants", r.name, cfg.swarms[i], cell, want, c.commands, c.grants)
 				}
 			}
 			if row["exact"] != "yes" || row["1 trip"] != "yes" {
-				t.Errorf("quota: exact %q, 1 trip %q, want yes and yes", row["exact"], row["1 trip"])
+				t.Errorf("%s: exact %q, 1 trip %q, want yes and yes", r.name, row["exact"], row["1 trip"])
 			}
-		case "go-redis/redis_rate v10", "seed article script + loop":
+		}
+		tput := fmt.Sprintf("cmds/grant ×%d", cfg.parallel)
+		switch r.name {
+		case quotaName:
+			if r.tputCmds >= 0.2 {
+				t.Errorf("quota: %.3f Redis commands per acquisition with %d goroutines, want fewer than 0.2: they share calls", r.tputCmds, cfg.parallel)
+			}
+		case unbatchedName, redisRateName:
+			if r.tputCmds < 0.99 || r.tputCmds > 1.01 {
+				t.Errorf("%s: %.3f Redis commands per acquisition with %d goroutines, want one each", r.name, r.tputCmds, cfg.parallel)
+			}
+		}
+		if r.redis {
+			if cell := row[tput]; !strings.HasPrefix(cell, fmtFloat(r.tputCmds)+" ") {
+				t.Errorf("%s: %s is %q, want %s", r.name, tput, cell, fmtFloat(r.tputCmds))
+			}
+		}
+		switch r.name {
+		case redisRateName, seedName:
 			for _, c := range r.swarms {
 				if c.perGrant() < 2 {
 					t.Errorf("%s, %d goroutines: %.3f commands a grant, want the polling loop's several", r.name, c.goroutines, c.perGrant())
@@ -113,12 +143,63 @@ func TestShortRun(t *testing.T) {
 			}
 		}
 	}
-	seed := results[slices.IndexFunc(results, func(r peerResult) bool { return r.name == "seed article script + loop" })]
+	seed := byName(results, seedName)
 	if c := seed.swarms[len(seed.swarms)-1]; c.excess <= 1 {
 		t.Errorf("seed script, %d goroutines: excess %+.2f, want more than a whole grant (it trusts the caller's clock)", c.goroutines, c.excess)
 	}
 	if cell := rows[seed.name]["exact"]; !strings.HasPrefix(cell, "no, +") {
 		t.Errorf("seed script: exact %q, want no", cell)
+	}
+
+	// The targets: one line each, and those the short run can judge met.
+	text := out.String()
+	ts := targets(cfg, results)
+	if want := 4 + len(cfg.swarms); len(ts) != want {
+		t.Errorf("%d targets, want %d", len(ts), want)
+	}
+	for _, tg := range ts {
+		if !strings.Contains(text, "- "+tg.what+": "+tg.got+"; target "+tg.want+": ") {
+			t.Errorf("the output lacks the target %q", tg.what)
+		}
+		if strings.HasPrefix(tg.what, "cmds/grant") && !tg.met {
+			t.Errorf("target %s: %s, want %s", tg.what, tg.got, tg.want)
+		}
+	}
+
+	// The scaling table: a row for each number of goroutines, three
+	// figures for each peer that scales.
+	scalers := 0
+	for _, p := range peers {
+		if p.scaling {
+			scalers++
+		}
+	}
+	if want := len(cfg.scale) * scalers; len(rep.scaling) != want {
+		t.Fatalf("%d scaling points, want %d", len(rep.scaling), want)
+	}
+	at := strings.Index(text, "\n| goroutines ")
+	if at < 0 {
+		t.Fatal("no scaling table")
+	}
+	scaleLines := strings.Split(strings.TrimSpace(text[at:]), "\n")
+	if len(scaleLines) != 2+len(cfg.scale) {
+		t.Fatalf("the scaling table has %d lines, want %d", len(scaleLines), 2+len(cfg.scale))
+	}
+	for i, g := range cfg.scale {
+		row := cells(scaleLines[2+i])
+		if len(row) != 2+3*scalers || row[0] != fmt.Sprint(g) {
+			t.Errorf("scaling row %q: want %d cells starting with %d", scaleLines[2+i], 2+3*scalers, g)
+		}
+	}
+	for _, p := range rep.scaling {
+		t.Logf("scaling: %s, %d goroutines: %.0f acq/s, %.3f commands per acquisition, Redis CPU %v per acquisition",
+			p.peer, p.goroutines, p.perSec, p.commands, p.redisCPU)
+		switch {
+		case p.goroutines == 1 && (p.commands < 0.99 || p.commands > 1.01):
+			t.Errorf("scaling: %s, one goroutine: %.3f commands per acquisition, want one", p.peer, p.commands)
+		case p.peer == quotaName && p.goroutines == 256 && p.commands >= 0.1:
+			t.Errorf("scaling: quota, 256 goroutines: %.3f commands per acquisition, want fewer than 0.1", p.commands)
+		}
 	}
 }
 

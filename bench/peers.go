@@ -22,27 +22,41 @@ type acquireFunc func(ctx context.Context) error
 
 // A peer is one rate limiter under test. newAcquire returns the blocking
 // acquisition its users write for a fresh bucket named key; peers that keep
-// no state in Redis ignore rdb.
+// no state in Redis ignore rdb. scaling puts the peer in the scaling table.
 type peer struct {
 	name       string
 	redis      bool
+	scaling    bool
 	newAcquire func(rdb *redis.Client, key string, lim limit) acquireFunc
 }
 
+// The names of the peers that the figures under the table compare.
+const (
+	quotaName     = "quota Limiter.Wait"
+	unbatchedName = "quota, WithBatching(false)"
+	redisRateName = "go-redis/redis_rate v10"
+	seedName      = "seed article script + loop"
+)
+
 // peers are the limiters in the table, in its order.
 var peers = []peer{
-	{name: "quota Limiter.Wait", redis: true, newAcquire: quotaAcquire},
-	{name: "go-redis/redis_rate v10", redis: true, newAcquire: redisRateAcquire},
-	{name: "seed article script + loop", redis: true, newAcquire: seedAcquire},
+	{name: quotaName, redis: true, scaling: true, newAcquire: quotaAcquire(true)},
+	{name: unbatchedName, redis: true, scaling: true, newAcquire: quotaAcquire(false)},
+	{name: redisRateName, redis: true, scaling: true, newAcquire: redisRateAcquire},
+	{name: seedName, redis: true, newAcquire: seedAcquire},
 	{name: "x/time/rate (in-process)", redis: false, newAcquire: localAcquire},
 }
 
-// quotaAcquire is quota's Limiter.Wait: one script call that takes the
-// token and replies the exact wait, then one sleep.
-func quotaAcquire(rdb *redis.Client, key string, lim limit) acquireFunc {
-	l := quota.NewLimiter(rdb)
-	ql := quota.Limit{Rate: lim.Rate, Burst: float64(lim.Burst)}
-	return func(ctx context.Context) error { return l.Wait(ctx, key, ql) }
+// quotaAcquire is quota's Limiter.Wait: a script call that takes the token
+// and replies the exact wait, then one sleep. With batching (the default)
+// the goroutines that ask while a call for the bucket is in flight share
+// the next call; without, each acquisition is a call of its own.
+func quotaAcquire(batching bool) func(rdb *redis.Client, key string, lim limit) acquireFunc {
+	return func(rdb *redis.Client, key string, lim limit) acquireFunc {
+		l := quota.NewLimiter(rdb, quota.WithBatching(batching))
+		ql := quota.Limit{Rate: lim.Rate, Burst: float64(lim.Burst)}
+		return func(ctx context.Context) error { return l.Wait(ctx, key, ql) }
+	}
 }
 
 // redisRateAcquire is redis_rate's blocking pattern as its users write it:

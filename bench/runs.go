@@ -25,19 +25,22 @@ func runUncontended(ctx context.Context, cfg config, addr string, results []peer
 		lat, tput  acquireFunc
 		samples    latencySamples
 		roundRates []float64
+		sent       *atomic.Int64 // the commands its client sent
 		acquired   int64         // by the throughput runs
+		commands   int64         // sent during the throughput runs
 		cpu        time.Duration // redis-server's, during the throughput runs
 	}
 	info := redis.NewClient(&redis.Options{Addr: addr}) // asks the server for its CPU time
 	defer info.Close()
 	states := make([]*state, len(results))
 	for i, r := range results {
-		var n atomic.Int64
-		rdb := newClient(addr, &n)
+		n := new(atomic.Int64)
+		rdb := newClient(addr, n)
 		defer rdb.Close()
 		s := &state{
 			lat:  r.newAcquire(rdb, fmt.Sprintf("latency-%d", i), unlimited),
 			tput: r.newAcquire(rdb, fmt.Sprintf("throughput-%d", i), unlimited),
+			sent: n,
 		}
 		// Dial the connection and load the script before timing.
 		for range max(cfg.ops/cfg.rounds/10, 10) {
@@ -68,10 +71,12 @@ func runUncontended(ctx context.Context, cfg config, addr string, results []peer
 			if err != nil {
 				return err
 			}
+			sent0 := s.sent.Load()
 			n, elapsed, err := measureThroughput(ctx, s.tput, cfg.parallel, d)
 			if err != nil {
 				return fmt.Errorf("%s: %w", results[i].name, err)
 			}
+			s.commands += s.sent.Load() - sent0
 			cpu1, err := redisCPU(ctx, info)
 			if err != nil {
 				return err
@@ -86,6 +91,7 @@ func runUncontended(ctx context.Context, cfg config, addr string, results []peer
 		results[i].perSec = median(s.roundRates)
 		if results[i].redis && s.acquired > 0 {
 			results[i].redisCPU = s.cpu / time.Duration(s.acquired)
+			results[i].tputCmds = float64(s.commands) / float64(s.acquired)
 		}
 	}
 	return nil

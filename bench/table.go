@@ -11,13 +11,12 @@ import (
 )
 
 // column is one column of the table. value, when set, gives the figure
-// that is compared with the best Redis-backed peer's; ok false leaves the
-// cell without a figure.
+// that is compared with redis_rate's; ok false leaves the cell without a
+// figure.
 type column struct {
 	header string
 	value  func(r peerResult) (v float64, ok bool)
 	format func(v float64) string
-	higher bool // a higher value is better
 	cell   func(r peerResult) string
 }
 
@@ -26,7 +25,8 @@ func columns(cfg config) []column {
 	cols := []column{
 		{header: "p50", value: func(r peerResult) (float64, bool) { return float64(r.lat.p50), true }, format: fmtDuration},
 		{header: "p99", value: func(r peerResult) (float64, bool) { return float64(r.lat.p99), true }, format: fmtDuration},
-		{header: fmt.Sprintf("acq/s ×%d", cfg.parallel), value: func(r peerResult) (float64, bool) { return r.perSec, true }, format: fmtCount, higher: true},
+		{header: fmt.Sprintf("acq/s ×%d", cfg.parallel), value: func(r peerResult) (float64, bool) { return r.perSec, true }, format: fmtCount},
+		{header: fmt.Sprintf("cmds/grant ×%d", cfg.parallel), value: func(r peerResult) (float64, bool) { return r.tputCmds, r.redis }, format: fmtFloat},
 		{header: "Redis CPU/acq", value: func(r peerResult) (float64, bool) { return float64(r.redisCPU), r.redis }, format: fmtDuration},
 		{header: "allocs/acq", value: func(r peerResult) (float64, bool) { return r.lat.allocs, true }, format: fmtFloat},
 	}
@@ -116,9 +116,9 @@ func writeTable(w io.Writer, cfg config, version string, results []peerResult) {
 	fmt.Fprintf(w, "\nredis-server %s on loopback, started by this program; %s, GOMAXPROCS %d.\n",
 		version, runtime.Version(), gomaxprocs())
 	fmt.Fprintf(w, "- p50, p99, allocs/acq: %d acquisitions one after another, the medians of %d rounds' p50 and p99; "+
-		"acq/s ×%d: %d goroutines, the median of %d runs of %v; both on a bucket that never makes anyone wait, "+
-		"the peers taking turns in %d rounds.\n",
-		cfg.ops, cfg.rounds, cfg.parallel, cfg.parallel, cfg.rounds, cfg.throughput/time.Duration(cfg.rounds), cfg.rounds)
+		"acq/s ×%d: %d goroutines, the median of %d runs of %v, and cmds/grant ×%d the Redis commands they sent per acquisition; "+
+		"all on a bucket that never makes anyone wait, the peers taking turns in %d rounds.\n",
+		cfg.ops, cfg.rounds, cfg.parallel, cfg.parallel, cfg.rounds, cfg.throughput/time.Duration(cfg.rounds), cfg.parallel, cfg.rounds)
 	fmt.Fprintf(w, "- cmds/grant ×N, max 1 s ×N: N goroutines for %v on a fresh bucket of %g/s burst %d. "+
 		"cmds/grant counts every Redis command but connection set-up (HELLO, CLIENT, AUTH, SELECT); "+
 		"max 1 s is the most grants in any 1-second window / the bound Burst + Rate × (1 s + %v of stamp slack); "+
@@ -126,16 +126,15 @@ func writeTable(w io.Writer, cfg config, version string, results []peerResult) {
 		cfg.contended, cfg.lim.Rate, cfg.lim.Burst, stampSlack)
 	fmt.Fprintln(w, "- Redis CPU/acq: the CPU time redis-server used during the acq/s runs (INFO cpu), "+
 		"divided by their acquisitions: what one acquisition costs the Redis that the whole fleet shares.")
-	fmt.Fprintln(w, "- (Nx): the figure divided by the best Redis-backed peer's in its column; "+
-		"x/time/rate, in-process, is the lower bound of cost and never the best.")
+	fmt.Fprintln(w, "- (Nx): the figure divided by redis_rate's in its column; "+
+		"x/time/rate, in-process, is the lower bound of cost.")
 	fmt.Fprintf(w, "- exact: in every contended run, no window [a, b] holds more than Burst + Rate × (b - a) grants, within %g of a token, "+
 		"counting the grants called at a or later that returned by b; a caller that wakes late only lowers the count, "+
 		"so wake-up jitter cannot fake an excess. no, +N: N grants too many at worst. "+
 		"1 trip: at most 1.1 Redis commands per grant in every contended run.\n", exactTolerance)
 }
 
-// cellOf formats r's figure in column c with its ratio to the best
-// Redis-backed peer's figure.
+// cellOf formats r's figure in column c with its ratio to redis_rate's.
 func cellOf(c column, r peerResult, all []peerResult) string {
 	if c.cell != nil {
 		return c.cell(r)
@@ -144,21 +143,69 @@ func cellOf(c column, r peerResult, all []peerResult) string {
 	if !ok {
 		return "-"
 	}
-	best := math.NaN()
-	for _, o := range all {
-		ov, ok := c.value(o)
-		if !ok || !o.redis || math.IsNaN(ov) {
-			continue
-		}
-		if math.IsNaN(best) || (c.higher && ov > best) || (!c.higher && ov < best) {
-			best = ov
-		}
-	}
 	s := c.format(v)
-	if best > 0 {
-		s += " (" + fmtRatio(v/best) + ")"
+	if ref, ok := c.value(byName(all, redisRateName)); ok && ref > 0 && !math.IsNaN(v) {
+		s += " (" + fmtRatio(v/ref) + ")"
 	}
 	return s
+}
+
+// byName returns the result of the peer called name.
+func byName(all []peerResult, name string) peerResult {
+	for _, r := range all {
+		if r.name == name {
+			return r
+		}
+	}
+	return peerResult{}
+}
+
+// A target is a figure of quota's that the run is to reach.
+type target struct {
+	what string
+	got  string
+	want string
+	met  bool
+}
+
+// targets returns quota's targets, measured in this run: with the
+// goroutines of the throughput run on a bucket that never makes anyone
+// wait, at most 0.1 Redis command per grant, Redis CPU per acquisition at
+// most 0.3 times redis_rate's and throughput at least 3 times; the
+// uncontended median latency at most 1.05 times that of quota without
+// batching; and in every contended run, exact, the busiest second within
+// the bound, and fewer Redis commands than grants.
+func targets(cfg config, all []peerResult) []target {
+	q, off, rr := byName(all, quotaName), byName(all, unbatchedName), byName(all, redisRateName)
+	cpu, tput := float64(q.redisCPU)/float64(rr.redisCPU), q.perSec/rr.perSec
+	p50 := float64(q.lat.p50) / float64(off.lat.p50)
+	ts := []target{
+		{fmt.Sprintf("cmds/grant ×%d", cfg.parallel), fmtFloat(q.tputCmds), "at most 0.1", q.tputCmds <= 0.1},
+		{"Redis CPU/acq", fmtRatio(cpu) + " redis_rate's", "at most 0.3x", cpu <= 0.3},
+		{fmt.Sprintf("acq/s ×%d", cfg.parallel), fmtRatio(tput) + " redis_rate's", "at least 3x", tput >= 3},
+		{"p50", fmtRatio(p50) + " quota's with WithBatching(false)", "at most 1.05x", p50 <= 1.05},
+	}
+	for _, c := range q.swarms {
+		ts = append(ts, target{
+			what: fmt.Sprintf("×%d on %g/s burst %d", c.goroutines, cfg.lim.Rate, cfg.lim.Burst),
+			got:  fmt.Sprintf("max 1 s %d / %d, excess %+.1f, cmds/grant %s", c.maxIn1s, c.bound, c.excess, fmtFloat(c.perGrant())),
+			want: "within the bound, exact, below 1",
+			met:  c.maxIn1s <= c.bound && c.excess <= exactTolerance && c.perGrant() < 1,
+		})
+	}
+	return ts
+}
+
+// writeTargets writes quota's targets and whether this run met them.
+func writeTargets(w io.Writer, cfg config, all []peerResult) {
+	fmt.Fprintln(w, "Targets, quota against redis_rate in this run:")
+	for _, t := range targets(cfg, all) {
+		verdict := "met"
+		if !t.met {
+			verdict = "NOT MET"
+		}
+		fmt.Fprintf(w, "- %s: %s; target %s: %s\n", t.what, t.got, t.want, verdict)
+	}
 }
 
 // writeRows writes rows as a Markdown table whose columns are padded to

@@ -1,0 +1,532 @@
+package quota
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/sharedquota/quota/internal/redistest"
+	"go.opentelemetry.io/otel/attribute"
+)
+
+// The batch tests make batches deterministic: a hook holds the call in
+// flight for a bucket while the test queues callers behind it one at a
+// time, in a known order, and then lets it go; the next call serves them
+// all. They run on real redis-server processes.
+
+// holdHook holds script calls while the test says so, and counts the
+// script calls that take tokens.
+type holdHook struct {
+	mu    sync.Mutex
+	gate  chan struct{} // closed by release; nil: calls pass
+	held  chan struct{} // told when a call is held
+	takes atomic.Int64
+}
+
+// hold makes the next script calls wait until release.
+func (h *holdHook) hold() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.gate, h.held = make(chan struct{}), make(chan struct{}, 1)
+}
+
+func (h *holdHook) release() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	close(h.gate)
+	h.gate = nil
+}
+
+func (h *holdHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *holdHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if n := cmd.Name(); n != "evalsha" && n != "eval" {
+			return next(ctx, cmd)
+		}
+		if args := cmd.Args(); len(args) > 3 && fmt.Sprint(args[3+argInt(args[2])]) == "take" {
+			h.takes.Add(1)
+		}
+		h.mu.Lock()
+		gate, held := h.gate, h.held
+		h.mu.Unlock()
+		if gate != nil {
+			select {
+			case held <- struct{}{}:
+			default:
+			}
+			<-gate
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (h *holdHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+func argInt(a any) int {
+	n, _ := strconv.Atoi(fmt.Sprint(a))
+	return n
+}
+
+// batchRig is a Limiter on a redis-server of its own, with a holdHook, a
+// command counter and dueHook on its client.
+type batchRig struct {
+	t     *testing.T
+	srv   *redistest.Server
+	rdb   *redis.Client
+	l     *Limiter
+	hold  *holdHook
+	cmds  *cmdCounter
+	calls []*batchCall
+}
+
+func newBatchRig(t *testing.T, opts ...Option) *batchRig {
+	t.Helper()
+	srv := redistest.Start(t)
+	rdb := srv.Client(t, func(o *redis.Options) { o.MaxRetries = -1 })
+	r := &batchRig{t: t, srv: srv, rdb: rdb, hold: &holdHook{}, cmds: newCmdCounter()}
+	rdb.AddHook(r.hold) // outermost: a held call has not been sent
+	rdb.AddHook(r.cmds)
+	rdb.AddHook(dueHook{})
+	r.l = NewLimiter(rdb, opts...)
+	// The script is on the server before the test: every call is EVALSHA.
+	if err := r.l.Wait(context.Background(), "prime", unlimited); err != nil {
+		t.Fatal(err)
+	}
+	r.cmds.reset()
+	r.hold.takes.Store(0)
+	return r
+}
+
+// batchCall is one caller of a batch test.
+type batchCall struct {
+	rec      *dueRecord
+	cancel   context.CancelFunc
+	err      chan error // its Wait's error, once it returns
+	returned time.Time  // when it returned; read after err
+}
+
+// queued returns how many takes of the bucket called name wait behind its
+// call in flight.
+func (r *batchRig) queued(name string) int {
+	key, _ := bucketKey(r.l.cfg.prefix, name)
+	bs := r.l.store.batches
+	bs.mu.Lock()
+	defer bs.mu.Unlock()
+	return len(bs.flights[key].queue)
+}
+
+// start starts a caller of WaitAll(name, n, lims...) whose context has a
+// deadline d from now (none when d is 0), and returns once its take holds
+// the bucket's call (the first caller, while the rig holds calls) or has
+// queued behind it.
+func (r *batchRig) start(name string, d time.Duration, n float64, lims ...Limit) *batchCall {
+	r.t.Helper()
+	ctx, rec := withDueRecord(context.Background())
+	var cancel context.CancelFunc
+	if d > 0 {
+		ctx, cancel = context.WithTimeout(ctx, d)
+	} else {
+		ctx, cancel = context.WithCancel(ctx)
+	}
+	r.t.Cleanup(cancel)
+	c := &batchCall{rec: rec, cancel: cancel, err: make(chan error, 1)}
+	r.calls = append(r.calls, c)
+	before := r.queued(name)
+	first := len(r.calls) == 1
+	go func() {
+		err := r.l.WaitAll(ctx, name, n, lims...)
+		c.returned = time.Now()
+		c.err <- err
+	}()
+	if first {
+		select {
+		case <-r.hold.held:
+		case <-time.After(10 * time.Second):
+			r.t.Fatal("the first caller's take was not held")
+		}
+		return c
+	}
+	eventually(r.t, 10*time.Second, "the take to queue", func() bool { return r.queued(name) == before+1 })
+	return c
+}
+
+// A batch in which one caller cannot be served before its deadline: that
+// caller alone is refused, at once and taking nothing, and the others are
+// granted in their order, the one after it in the refused caller's place.
+// The refused caller's deadline allows the wait it would have had when it
+// called, not once it has spent half a second queued: the deadline counts
+// from the call, queueing included.
+func TestBatchRefusesOnlyTheCallerPastItsDeadline(t *testing.T) {
+	r := newBatchRig(t)
+	lim := Limit{Rate: 1, Burst: 1}
+	r.hold.hold()
+	first := r.start("deadline", 10*time.Second, 1, lim) // the one token, at once
+	a := r.start("deadline", 10*time.Second, 1, lim)     // 1 s
+	b := r.start("deadline", 2300*time.Millisecond, 1, lim)
+	c := r.start("deadline", 10*time.Second, 1, lim) // 2 s, b's place
+	d := r.start("deadline", 10*time.Second, 1, lim) // 3 s
+	time.Sleep(500 * time.Millisecond)               // b now has less than the 2 s it would need
+	released := time.Now()
+	r.hold.release()
+
+	errB := <-b.err
+	if !errors.Is(errB, ErrWouldExceedDeadline) || !errors.Is(errB, context.DeadlineExceeded) {
+		t.Fatalf("the caller past its deadline: err = %v, want ErrWouldExceedDeadline", errB)
+	}
+	t.Logf("the caller past its deadline returned %v after the release: %v", b.returned.Sub(released), errB)
+	if b.returned.Sub(released) > time.Second {
+		t.Errorf("the refused caller returned %v after the release, want at once", b.returned.Sub(released))
+	}
+	for i, call := range []*batchCall{first, a, c, d} {
+		if err := <-call.err; err != nil {
+			t.Fatalf("caller %d: %v", i, err)
+		}
+	}
+	if !a.rec.Waited || !c.rec.Waited || !d.rec.Waited {
+		t.Fatalf("the queued callers did not wait: %+v %+v %+v", a.rec, c.rec, d.rec)
+	}
+	near := func(got, want time.Duration) bool { return (got - want).Abs() <= 2*time.Microsecond }
+	if ac, cd := c.rec.Due.Sub(a.rec.Due), d.rec.Due.Sub(c.rec.Due); !near(ac, time.Second) || !near(cd, time.Second) {
+		t.Errorf("the granted callers fell due %v and %v apart, want one interval (1s) each: the refused one took nothing", ac, cd)
+	}
+	if a.rec.Sent != c.rec.Sent || c.rec.Sent != d.rec.Sent {
+		t.Error("the queued callers were not served by one call")
+	}
+	if n := r.hold.takes.Load(); n != 2 {
+		t.Errorf("%d take calls, want 2: the held one and the batch", n)
+	}
+}
+
+// Callers queued behind a call are served in the order they queued: each
+// falls due one interval after the one before it, in one call.
+func TestBatchServesInArrivalOrder(t *testing.T) {
+	r := newBatchRig(t)
+	lim := Limit{Rate: 100, Burst: 1}
+	r.hold.hold()
+	r.start("order", 0, 1, lim)
+	const callers = 20
+	for range callers {
+		r.start("order", 0, 1, lim)
+	}
+	r.hold.release()
+	for i, c := range r.calls {
+		if err := <-c.err; err != nil {
+			t.Fatalf("caller %d: %v", i, err)
+		}
+	}
+	for i := 2; i < len(r.calls); i++ {
+		prev, cur := r.calls[i-1].rec, r.calls[i].rec
+		if gap := cur.Due.Sub(prev.Due); (gap - 10*time.Millisecond).Abs() > 2*time.Microsecond {
+			t.Errorf("caller %d fell due %v after caller %d, want 10ms", i, gap, i-1)
+		}
+	}
+	if n := r.hold.takes.Load(); n != 2 {
+		t.Errorf("%d take calls for %d callers, want 2", n, callers+1)
+	}
+}
+
+// A caller whose context ends while it is queued leaves the queue at once
+// and is not sent: the call serves the others, and the caller after it
+// takes its place.
+func TestBatchCallerLeavesTheQueue(t *testing.T) {
+	r := newBatchRig(t)
+	lim := Limit{Rate: 10, Burst: 1}
+	r.hold.hold()
+	r.start("leave", 0, 1, lim)
+	a := r.start("leave", 0, 1, lim)
+	b := r.start("leave", 0, 1, lim)
+	c := r.start("leave", 0, 1, lim)
+	b.cancel()
+	if err := <-b.err; !errors.Is(err, context.Canceled) {
+		t.Fatalf("the cancelled caller: err = %v, want context.Canceled", err)
+	}
+	r.hold.release()
+	for i, call := range []*batchCall{r.calls[0], a, c} {
+		if err := <-call.err; err != nil {
+			t.Fatalf("caller %d: %v", i, err)
+		}
+	}
+	if gap := c.rec.Due.Sub(a.rec.Due); (gap - 100*time.Millisecond).Abs() > 2*time.Microsecond {
+		t.Errorf("the caller after the one that left fell due %v after the one before, want one interval (100ms)", gap)
+	}
+	if n := r.hold.takes.Load(); n != 2 {
+		t.Errorf("%d take calls, want 2", n)
+	}
+}
+
+// A caller of a batch whose context ends while it sleeps on its grant hands
+// its tokens back as a caller of its own would: the last of the batch
+// hands back its place; one with a caller queued behind it hands back
+// nothing, since that place is promised.
+func TestBatchRefundsOneCaller(t *testing.T) {
+	r := newBatchRig(t)
+	lim := Limit{Rate: 2, Burst: 1} // a token each 500 ms
+	key, _ := bucketKey(DefaultPrefix, "refund")
+	tat := func() time.Time {
+		t.Helper()
+		v, err := r.rdb.Get(context.Background(), key).Float64()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return time.UnixMicro(int64(v))
+	}
+	full := 500 * time.Millisecond // a tat is a grant's due instant plus burst/rate
+	r.hold.hold()
+	r.start("refund", 0, 1, lim)
+	a := r.start("refund", 0, 1, lim) // 0.5 s
+	b := r.start("refund", 0, 1, lim) // 1 s
+	c := r.start("refund", 0, 1, lim) // 1.5 s
+	r.hold.release()
+	<-c.rec.granted
+
+	// b gives up: c stays queued behind it, and the bucket keeps c's place.
+	evalshas := r.cmds.get("evalsha")
+	b.cancel()
+	if err := <-b.err; !errors.Is(err, context.Canceled) {
+		t.Fatalf("b: err = %v, want context.Canceled", err)
+	}
+	eventually(t, 5*time.Second, "b's refund", func() bool { return r.cmds.get("evalsha") == evalshas+1 })
+	if got, want := tat(), c.rec.Due.Add(full); (got.Sub(want)).Abs() > 2*time.Microsecond {
+		t.Errorf("after the refund of a caller with one queued behind it the bucket is at %v, want c's tat %v", got, want)
+	}
+
+	// c, the last, gives up: its place goes back to the bucket.
+	c.cancel()
+	if err := <-c.err; !errors.Is(err, context.Canceled) {
+		t.Fatalf("c: err = %v, want context.Canceled", err)
+	}
+	eventually(t, 5*time.Second, "c's refund", func() bool { return r.cmds.get("evalsha") == evalshas+2 })
+	if got, want := tat(), b.rec.Due.Add(full); (got.Sub(want)).Abs() > 2*time.Microsecond {
+		t.Errorf("after the refund of the last caller the bucket is at %v, want b's tat %v", got, want)
+	}
+	if err := <-a.err; err != nil {
+		t.Fatal(err)
+	}
+	if late := a.returned.Sub(a.rec.Due); late < 0 || late > maxJitter {
+		t.Errorf("a woke %v after its grant fell due", late)
+	}
+}
+
+// takeSpec is one take of a batch: n tokens, waiting at most maxWait.
+type takeSpec struct {
+	n       float64
+	maxWait time.Duration
+}
+
+// A batch is the same takes one after another: with the clock stopped, so
+// that every take sees the same instant, a batch's replies and the state it
+// leaves equal those of the same takes each in a call of its own, for
+// weighted takes, for layers, and with a refusal in the middle, after
+// which the next takes still go.
+func TestBatchEqualsTakesOneAfterAnother(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	clock := newStoppedClock()
+	s := NewLimiter(rdb, WithClock(clock.Now)).store
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name  string
+		lims  []Limit
+		takes []takeSpec
+	}{
+		{"weighted", []Limit{{Rate: 10, Burst: 3}}, []takeSpec{{3, time.Hour}, {1, time.Hour}, {3, time.Hour}, {2, time.Hour}, {1, time.Hour}}},
+		{"layers", []Limit{{Rate: 10, Burst: 3}, {Rate: 4, Burst: 6}}, []takeSpec{{1, time.Hour}, {3, time.Hour}, {2, time.Hour}, {1, time.Hour}, {3, time.Hour}, {2, time.Hour}}},
+		{"a refusal", []Limit{{Rate: 10, Burst: 2}, {Rate: 5, Burst: 4}}, []takeSpec{{2, time.Hour}, {2, time.Second}, {2, 100 * time.Millisecond}, {1, time.Second}, {2, 0}, {1, time.Hour}}},
+		{"all at once", []Limit{unlimited}, []takeSpec{{1, 0}, {5, 0}, {1, 0}}},
+		{"at once, then a wait", []Limit{{Rate: 1, Burst: 3}}, []takeSpec{{1, 0}, {1, 0}, {1, time.Hour}, {1, time.Hour}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clock.advance(time.Hour) // every bucket of before is full again
+			batch, err := newBucket(DefaultPrefix, "batch-"+tc.name, tc.lims)
+			if err != nil {
+				t.Fatal(err)
+			}
+			alone, _ := newBucket(DefaultPrefix, "alone-"+tc.name, tc.lims)
+			var qs []*queuedTake
+			for _, sp := range tc.takes {
+				qs = append(qs, &queuedTake{ctx: ctx, n: sp.n, maxWait: sp.maxWait})
+			}
+			if err := s.takeAll(ctx, batch, qs); err != nil {
+				t.Fatal(err)
+			}
+			refused := 0
+			for i, sp := range tc.takes {
+				want, _, err := s.takeOne(ctx, alone, sp.n, sp.maxWait)
+				if err != nil {
+					t.Fatal(err)
+				}
+				got := qs[i].g
+				if got.granted != want.granted || got.wait != want.wait || fmt.Sprint(got.tats) != fmt.Sprint(want.tats) {
+					t.Errorf("take %d of %v: batched %+v, alone %+v", i+1, sp.n, got, want)
+				}
+				if qs[i].size != len(qs) || qs[i].trips != 1 {
+					t.Errorf("take %d: size %d, %d trips; want %d and 1", i+1, qs[i].size, qs[i].trips, len(qs))
+				}
+				if !got.granted {
+					refused++
+				}
+			}
+			if tc.name == "a refusal" && refused == 0 {
+				t.Error("no take refused: the case does not test a refusal")
+			}
+			for i := range tc.lims {
+				b, _ := rdb.Get(ctx, batch.keys[i]).Result()
+				a, _ := rdb.Get(ctx, alone.keys[i]).Result()
+				if a != b {
+					t.Errorf("layer %d: batched leaves %q, alone %q", i+1, b, a)
+				}
+			}
+		})
+	}
+}
+
+// Weighted takes on a bucket of layers, through the Limiter: a batch of
+// them waits exactly as the same takes one after another do.
+func TestBatchWeightedLayers(t *testing.T) {
+	clock := newStoppedClock()
+	r := newBatchRig(t, WithClock(clock.Now))
+	lims := []Limit{{Rate: 20, Burst: 3}, {Rate: 8, Burst: 6}}
+	costs := []float64{3, 1, 3, 2, 1, 3, 2}
+	r.hold.hold()
+	for _, n := range costs {
+		r.start("weighted", 0, n, lims...)
+	}
+	r.hold.release()
+	for i, c := range r.calls {
+		if err := <-c.err; err != nil {
+			t.Fatalf("caller %d: %v", i, err)
+		}
+	}
+	alone, _ := newBucket(DefaultPrefix, "weighted-alone", lims)
+	for i, n := range costs {
+		want, _, err := r.l.store.takeOne(context.Background(), alone, n, time.Hour)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := r.calls[i].rec.Wait; got != want.wait {
+			t.Errorf("caller %d, %v tokens: waited %v in the batch, %v alone", i, n, got, want.wait)
+		}
+	}
+	if n := r.hold.takes.Load(); n != int64(2+len(costs)) {
+		t.Errorf("%d take calls, want 2 and one a take alone (%d)", n, 2+len(costs))
+	}
+}
+
+// Swarms of 50 and 200 goroutines in one process on 100/s: the grants due
+// in any window stay within Burst + Rate x its length, counted on the
+// server's grant instants, and the Redis commands number fewer than the
+// grants, the first wave of callers sharing a few calls. Afterwards each
+// caller asks as its grant falls due, one interval after the one before:
+// far longer than a round trip, so that it mostly finds no call in flight
+// and goes alone.
+func TestBatchSwarmsHoldTheBound(t *testing.T) {
+	lim := Limit{Rate: 100, Burst: 10}
+	for _, goroutines := range []int{50, 200} {
+		t.Run(fmt.Sprint(goroutines), func(t *testing.T) {
+			rdb := newServerClient(t)
+			cmds := newCmdCounter()
+			rdb.AddHook(cmds)
+			l := NewLimiter(rdb)
+			name := fmt.Sprintf("batch-swarm-%d", goroutines)
+			warm(t, rdb, name, rdb.Options().PoolSize)
+			cmds.reset()
+			const d = 3 * time.Second
+			grants, err := swarm(context.Background(), goroutines, time.Now(), d, func(ctx context.Context) error {
+				return l.Wait(ctx, name, lim)
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			checkSwarm(t, grants, lim, d)
+			n := cmds.total()
+			t.Logf("%d goroutines on %v: %d Redis commands for %d grants, %.3f per grant (%v)", goroutines, lim, n, len(grants), float64(n)/float64(len(grants)), cmds)
+			if n > len(grants)-goroutines/2 {
+				t.Errorf("%d commands for %d grants, want at most %d: the first %d callers share calls", n, len(grants), len(grants)-goroutines/2, goroutines)
+			}
+		})
+	}
+}
+
+// A call that finds Redis unavailable fails the takes queued behind it
+// too, without sending them: each goes to the policy at once rather than
+// waiting for a timeout of its own.
+func TestBatchSharesAnOutage(t *testing.T) {
+	r := newBatchRig(t, WithLogger(discardLogger()))
+	lim := Limit{Rate: 10, Burst: 1}
+	r.hold.hold()
+	for range 4 {
+		r.start("outage", 0, 1, lim)
+	}
+	r.srv.Kill()
+	r.hold.release()
+	for i, c := range r.calls {
+		if err := <-c.err; !errors.Is(err, ErrUnavailable) {
+			t.Errorf("caller %d: err = %v, want ErrUnavailable", i, err)
+		}
+	}
+	if n := r.hold.takes.Load(); n != 1 {
+		t.Errorf("%d take calls, want the held one alone", n)
+	}
+}
+
+// A call serves at most maxBatch takes; the rest go in the call after.
+func TestBatchIsBounded(t *testing.T) {
+	r := newBatchRig(t)
+	r.hold.hold()
+	callers := maxBatch + 44
+	for range 1 + callers {
+		r.start("bounded", 0, 1, unlimited)
+	}
+	r.hold.release()
+	for i, c := range r.calls {
+		if err := <-c.err; err != nil {
+			t.Fatalf("caller %d: %v", i, err)
+		}
+	}
+	if n := r.hold.takes.Load(); n != 3 {
+		t.Errorf("%d take calls for %d callers behind a held one, want 2 (%d and %d)", n, callers, maxBatch, callers-maxBatch)
+	}
+}
+
+// Every caller of a batch has a wait span of its own, with the size of
+// the batch its take went in and the one round trip it shared; the call
+// runs in the first caller's span.
+func TestBatchSpans(t *testing.T) {
+	tel := newTelemetry(t)
+	r := newBatchRig(t, tel.options()...)
+	lim := Limit{Rate: 1000, Burst: 1}
+	r.hold.hold()
+	for range 4 {
+		r.start("spans", 0, 1, lim)
+	}
+	r.hold.release()
+	for i, c := range r.calls {
+		if err := <-c.err; err != nil {
+			t.Fatalf("caller %d: %v", i, err)
+		}
+	}
+	spans := tel.waitSpans()[1:] // after the rig's first Wait
+	if len(spans) != 4 {
+		t.Fatalf("%d wait spans, want 4", len(spans))
+	}
+	sizes := map[int64]int{}
+	for _, s := range spans {
+		a := attrs(s)
+		sizes[a["quota.batch.size"].AsInt64()]++
+		if a["quota.redis.round_trips"] != attribute.IntValue(1) || a["quota.outcome"] != attribute.StringValue("granted") {
+			t.Errorf("span %v: round trips %v, outcome %v; want 1 and granted", s.SpanContext().SpanID(), a["quota.redis.round_trips"].String(), a["quota.outcome"].String())
+		}
+	}
+	if sizes[1] != 1 || sizes[3] != 3 {
+		t.Errorf("quota.batch.size over the spans: %v, want one span of 1 (the held call) and three of 3", sizes)
+	}
+}
