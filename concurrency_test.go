@@ -14,7 +14,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hashicorp/go-retryablehttp"
 	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+
+	"github.com/sharedquota/quota/internal/redistest"
 )
 
 // fastLimit never makes anyone wait for a token: the tests of slots
@@ -28,11 +33,17 @@ type inFlight struct {
 	latency          time.Duration
 	hold             chan struct{} // when set, requests last until it is closed
 	body             string
+
+	mu       sync.Mutex
+	arrivals []time.Time
 }
 
 func (p *inFlight) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	n := p.now.Add(1)
 	p.total.Add(1)
+	p.mu.Lock()
+	p.arrivals = append(p.arrivals, time.Now())
+	p.mu.Unlock()
 	for {
 		peak := p.peak.Load()
 		if n <= peak || p.peak.CompareAndSwap(peak, n) {
@@ -222,7 +233,7 @@ func TestTransportConcurrencyInProcess(t *testing.T) {
 		t.Errorf("at most %d requests in flight, want 3", peak)
 	}
 	eventually(t, 5*time.Second, "every slot released", func() bool {
-		h, w := slotsHeld(t, rdb, "127.0.0.1")
+		h, w := slotsHeld(t, rdb, strings.TrimPrefix(srv.URL, "http://"))
 		return h == 0 && w == 0
 	})
 }
@@ -275,5 +286,224 @@ func TestBodiesReleaseSlots(t *testing.T) {
 			t.Fatal("want the base's error")
 		}
 		get(t).Body.Close()
+	})
+}
+
+// arrivedIn counts the requests that arrived in [from, to).
+func (p *inFlight) arrivedIn(from, to time.Time) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := 0
+	for _, a := range p.arrivals {
+		if !a.Before(from) && a.Before(to) {
+			n++
+		}
+	}
+	return n
+}
+
+// TestConcurrencyAcrossProcesses: 4 processes x 30 goroutines send through
+// Transports with WithConcurrency(8) to a provider that takes 200 ms a
+// request: it never sees more than 8 in flight, and serves close to
+// 8 / 100 ms, since a release hands its slot on at once.
+func TestConcurrencyAcrossProcesses(t *testing.T) {
+	srv := redistest.Start(t)
+	const slots, latency = 8, 200 * time.Millisecond
+	p := &inFlight{latency: latency}
+	provider := httptest.NewServer(p)
+	defer provider.Close()
+	spec := workerSpec{Addr: srv.Addr(), Key: strings.TrimPrefix(provider.URL, "http://"), Limit: fastLimit, Goroutines: 30,
+		Duration: 6 * time.Second, URL: provider.URL, Concurrency: slots}
+	w := startWorkers(t, 4, spec)
+	w.wait(t)
+	from, to := w.start.Add(time.Second), w.start.Add(spec.Duration-500*time.Millisecond)
+	got := float64(p.arrivedIn(from, to)) / to.Sub(from).Seconds()
+	want := slots / latency.Seconds()
+	t.Logf("peak %d in flight (limit %d); %.1f requests/s in the steady window, %.3f of %v / %v; %d requests in all",
+		p.peak.Load(), slots, got, got/want, slots, latency, p.total.Load())
+	if peak := p.peak.Load(); peak > slots {
+		t.Errorf("the provider saw %d requests in flight, limit %d", peak, slots)
+	}
+	if got < 0.95*want {
+		t.Errorf("%.1f requests/s, want within 5%% of %.0f: slots idle between requests", got, want)
+	}
+}
+
+// TestKilledHolderSlotsReturn: a process killed with SIGKILL while it holds
+// every slot renews nothing more, and its slots come back to a waiter
+// within the lease.
+func TestKilledHolderSlotsReturn(t *testing.T) {
+	srv := redistest.Start(t)
+	const slots, lease = 4, time.Second
+	p := &inFlight{hold: make(chan struct{})}
+	provider := httptest.NewServer(p)
+	defer provider.Close()
+	defer close(p.hold)
+	name := strings.TrimPrefix(provider.URL, "http://") // the Transport's bucket
+	spec := workerSpec{Addr: srv.Addr(), Key: name, Limit: fastLimit, Goroutines: slots,
+		Duration: time.Minute, URL: provider.URL, Concurrency: slots, SlotLease: lease}
+	w := startWorkers(t, 1, spec)
+	eventually(t, 10*time.Second, "the worker holds every slot", func() bool { return p.now.Load() == slots })
+
+	rdb := srv.Client(t)
+	l := NewLimiter(rdb, WithSlotLease(lease))
+	ctx, cancel := context.WithTimeout(context.Background(), 3*lease)
+	defer cancel()
+	got := make(chan time.Time, slots)
+	for range slots {
+		go func() {
+			s, err := l.AcquireSlot(ctx, name, slots)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			got <- time.Now()
+			defer s.Release()
+		}()
+	}
+	time.Sleep(lease) // held and renewed: nothing for the waiters
+	if len(got) != 0 {
+		t.Fatalf("%d slots granted while their holder lived", len(got))
+	}
+	if err := w.ps[0].cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	killed := time.Now()
+	var last time.Time
+	for range slots {
+		select {
+		case last = <-got:
+		case <-ctx.Done():
+			t.Fatalf("the killed process's slots did not come back within %v", 3*lease)
+		}
+	}
+	t.Logf("all %d slots back %v after the kill (lease %v)", slots, last.Sub(killed), lease)
+	if back := last.Sub(killed); back > lease+300*time.Millisecond {
+		t.Errorf("slots back %v after the kill, want within the lease, %v (+300ms)", back, lease)
+	}
+}
+
+// TestRetryEachAttemptHoldsOneSlot: under retryablehttp, each attempt takes
+// a slot and its failed response gives it back before the next: with one
+// slot, three attempts go one after another.
+func TestRetryEachAttemptHoldsOneSlot(t *testing.T) {
+	rdb := newServerClient(t)
+	var attempts, inFlightNow, peak atomic.Int64
+	var name string // the Transport's bucket
+	provider := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n := inFlightNow.Add(1)
+		defer inFlightNow.Add(-1)
+		peak.Store(max(peak.Load(), n))
+		held, _ := slotsHeld(t, rdb, name)
+		if held != 1 {
+			t.Errorf("attempt %d: %d slots held in Redis, want 1", attempts.Load()+1, held)
+		}
+		if attempts.Add(1) < 3 {
+			w.WriteHeader(http.StatusInternalServerError)
+			io.WriteString(w, "try again")
+			return
+		}
+		io.WriteString(w, "ok")
+	}))
+	defer provider.Close()
+	name = strings.TrimPrefix(provider.URL, "http://")
+	client := retryingClient(NewTransport(rdb, fastLimit, WithConcurrency(1)))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	req, _ := retryablehttp.NewRequestWithContext(ctx, "GET", provider.URL, nil)
+	resp, err := client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if attempts.Load() != 3 || peak.Load() != 1 {
+		t.Errorf("%d attempts, %d at once; want 3, one at a time", attempts.Load(), peak.Load())
+	}
+	eventually(t, 5*time.Second, "the last slot released", func() bool {
+		h, _ := slotsHeld(t, rdb, name)
+		return h == 0
+	})
+}
+
+func TestConcurrencyPolicies(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client(t, func(o *redis.Options) { o.MaxRetries = -1; o.DialTimeout = 200 * time.Millisecond })
+	srv.Kill()
+	for _, tc := range []struct {
+		policy Policy
+		peak   int64 // the most in flight of 10 at once; 0: refused
+	}{
+		{FailOpen, 10},
+		{FallbackLocal(4), 2}, // 8 slots among 4 workers
+		{FailClosed, 0},
+	} {
+		t.Run(tc.policy.String(), func(t *testing.T) {
+			p := &inFlight{latency: 50 * time.Millisecond}
+			provider := httptest.NewServer(p)
+			defer provider.Close()
+			client := &http.Client{Transport: NewTransport(rdb, fastLimit, WithConcurrency(8),
+				WithPolicy(tc.policy), WithLogger(discardLogger()))}
+			var refused atomic.Int64
+			var wg sync.WaitGroup
+			for range 10 {
+				wg.Go(func() {
+					resp, err := client.Get(provider.URL)
+					if err != nil {
+						if !errors.Is(err, ErrUnavailable) {
+							t.Error(err)
+						}
+						refused.Add(1)
+						return
+					}
+					io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+				})
+			}
+			wg.Wait()
+			if got := p.peak.Load(); got != tc.peak {
+				t.Errorf("%d in flight at most, want %d", got, tc.peak)
+			}
+			if tc.peak == 0 && refused.Load() != 10 {
+				t.Errorf("%d of 10 refused, want all", refused.Load())
+			}
+		})
+	}
+}
+
+func TestSlotTelemetry(t *testing.T) {
+	rdb := newServerClient(t)
+	tel := newTelemetry(t)
+	l := NewLimiter(rdb, tel.options()...)
+	ctx := context.Background()
+	first, err := l.AcquireSlot(ctx, "seen", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rm metricdata.ResourceMetrics
+	tel.reader.Collect(ctx, &rm)
+	if held := sumOf(rm, "quota.slots.held", []attribute.KeyValue{attrMode.String("shared")}); held != 1 {
+		t.Errorf("quota.slots.held = %d while one is held, want 1", held)
+	}
+	go func() {
+		time.Sleep(300 * time.Millisecond)
+		first.Release()
+	}()
+	second, err := l.AcquireSlot(ctx, "seen", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	second.Release()
+	spans := tel.waitSpans()
+	if len(spans) != 2 {
+		t.Fatalf("%d wait spans, want 2", len(spans))
+	}
+	a := attrs(spans[1])
+	if w := a[attrSlotWait].AsFloat64(); w < 0.2 || a[attrSlots].AsInt64() != 1 {
+		t.Errorf("the second span: slot wait %v s, slots %v; want about 0.3 s and 1", w, a[attrSlots].AsInt64())
+	}
+	eventually(t, 5*time.Second, "the gauge back to zero", func() bool {
+		var rm metricdata.ResourceMetrics
+		tel.reader.Collect(ctx, &rm)
+		return sumOf(rm, "quota.slots.held", []attribute.KeyValue{attrMode.String("shared")}) == 0
 	})
 }

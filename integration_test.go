@@ -629,6 +629,9 @@ type workerSpec struct {
 	Headers    bool    // with WithProviderHeaders
 	Fallback   int     // with FallbackLocal(Fallback) when above zero
 	Faults     bool    // a client with short timeouts and no retries, for Redis faults
+
+	Concurrency int           // with WithConcurrency(Concurrency) when above zero
+	SlotLease   time.Duration // with WithSlotLease(SlotLease) when above zero
 }
 
 // workerStart is the parent's go-ahead, sent on a worker's stdin once every
@@ -667,6 +670,12 @@ func (spec workerSpec) options() []Option {
 	}
 	if spec.Fallback > 0 {
 		opts = append(opts, WithPolicy(FallbackLocal(spec.Fallback)), WithLogger(discardLogger()))
+	}
+	if spec.Concurrency > 0 {
+		opts = append(opts, WithConcurrency(spec.Concurrency))
+	}
+	if spec.SlotLease > 0 {
+		opts = append(opts, WithSlotLease(spec.SlotLease))
 	}
 	return opts
 }
