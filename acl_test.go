@@ -16,7 +16,7 @@ import (
 // scripts on its keys and nothing else. The README shows it.
 const aclLimiter = "on >limiter-secret resetkeys ~quota:* resetchannels &quota:* -@all " +
 	"+evalsha +eval +get +set +del +time +zadd +zremrangebyscore +pexpire +zcard +hello " +
-	"+publish +subscribe +spublish +ssubscribe +ping"
+	"+publish +subscribe +spublish +ssubscribe +ping +zscore +zrem +zrange +rpush +lpop +lrem"
 
 func TestLeastPrivilegeUser(t *testing.T) {
 	srv := redistest.Start(t)
@@ -69,6 +69,27 @@ func TestLeastPrivilegeUser(t *testing.T) {
 	}
 	if at := <-woke; at.Sub(paused) < 500*time.Millisecond {
 		t.Errorf("the sleeping caller woke %v after a pause of 500ms: the announcement did not reach it", at.Sub(paused))
+	}
+	// Concurrency slots: held, waited for, handed off and released.
+	slot, err := l.AcquireSlot(ctx, "slots", 1)
+	if err != nil {
+		t.Fatalf("AcquireSlot as the limiter's user: %v", err)
+	}
+	handed := make(chan error, 1)
+	go func() {
+		s, err := l.AcquireSlot(ctx, "slots", 1)
+		s.Release()
+		handed <- err
+	}()
+	time.Sleep(100 * time.Millisecond) // the second caller queues
+	slot.Release()
+	select {
+	case err := <-handed:
+		if err != nil {
+			t.Fatalf("a slot handed off as the limiter's user: %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the released slot did not reach the waiter as the limiter's user")
 	}
 	if err := lrdb.Set(ctx, "other:key", "x", 0).Err(); !redis.HasErrorPrefix(err, "NOPERM") {
 		t.Errorf("SET other:key as the limiter's user: %v, want NOPERM", err)

@@ -3,6 +3,7 @@ package quota
 import (
 	"context"
 	"log/slog"
+	"net/http"
 	"runtime"
 	"testing"
 	"time"
@@ -92,4 +93,46 @@ func BenchmarkWaitDegraded(b *testing.B) {
 			}
 		})
 	}
+}
+
+// BenchmarkRoundTrip compares, side by side, a request sent through a
+// Transport without WithConcurrency, the same request after a bare
+// Limiter.Wait (what the Transport costs beyond its acquisition), and a
+// Transport WithConcurrency, which also takes and releases a slot. The
+// base RoundTripper answers at once, so only the Limiter is timed.
+func BenchmarkRoundTrip(b *testing.B) {
+	rdb := redistest.Start(b).Client(b)
+	ctx := context.Background()
+	base := roundTripFunc(okResponse)
+	req, _ := http.NewRequestWithContext(ctx, "GET", "http://api.example.com/", nil)
+	b.Run("WaitThenSend", func(b *testing.B) {
+		l := NewLimiter(rdb)
+		for b.Loop() {
+			if err := l.Wait(ctx, "api.example.com", unlimited); err != nil {
+				b.Fatal(err)
+			}
+			resp, _ := base.RoundTrip(req)
+			resp.Body.Close()
+		}
+	})
+	b.Run("Transport", func(b *testing.B) {
+		tr := NewTransport(rdb, unlimited, WithBase(base))
+		for b.Loop() {
+			resp, err := tr.RoundTrip(req)
+			if err != nil {
+				b.Fatal(err)
+			}
+			resp.Body.Close()
+		}
+	})
+	b.Run("TransportWithConcurrency", func(b *testing.B) {
+		tr := NewTransport(rdb, unlimited, WithBase(base), WithConcurrency(64))
+		for b.Loop() {
+			resp, err := tr.RoundTrip(req)
+			if err != nil {
+				b.Fatal(err)
+			}
+			resp.Body.Close()
+		}
+	})
 }
