@@ -12,14 +12,13 @@
 -- KEYS[3]   the queue: a list of the waiters' ids in order of arrival. An
 --           id no longer among the waiters (cancelled, or its lease ended)
 --           is skipped when it reaches the head.
--- ARGV[1]   operation: "acquire", "try", "release", "cancel", "renew" or
---           "adopt".
+-- ARGV[1]   operation: "acquire", "try", "release", "cancel" or "renew".
 -- ARGV[2]   n, the slots the bucket has (>= 1).
 -- ARGV[3]   the lease, in microseconds.
 -- ARGV[4]   the command that announces hand-offs, PUBLISH or SPUBLISH
 --           (Cluster), or "" for none.
--- ARGV[5..] ids: acquire, try and cancel take one; release, renew and
---           adopt any number.
+-- ARGV[5..] ids: acquire, try and cancel take one; release and renew any
+--           number.
 --
 -- Replies:
 --   acquire  {1, 0} when a slot was free and nobody waits: the id holds it;
@@ -35,8 +34,6 @@
 --            holds or waits, and held lists those of the ids that hold a
 --            slot, so that a waiter whose announcement was lost learns
 --            that it holds one.
---   adopt    the number of ids added as holders whatever n, for slots a
---            process granted on its own while Redis was unavailable.
 --
 -- Every key expires when the last lease it holds ends.
 
@@ -137,11 +134,6 @@ elseif op == 'renew' then
       reply[#reply + 1] = ARGV[i]
     end
   end
-elseif op == 'adopt' then
-  for i = 5, #ARGV do
-    redis.call('ZADD', held, now + lease, ARGV[i])
-  end
-  reply = #ARGV - 4
 else
   return redis.error_reply('quota: unknown slot operation ' .. tostring(op))
 end
