@@ -135,7 +135,12 @@ func run(ctx context.Context, cfg config, out io.Writer) (err error) {
 	client.Logger = nil // the traces tell what happened
 	client.HTTPClient.Transport = quota.NewTransport(rdb, bucket,
 		quota.WithBase(otelhttp.NewTransport(http.DefaultTransport, otelhttp.WithTracerProvider(tp))),
-		quota.WithTracerProvider(tp))
+		quota.WithTracerProvider(tp),
+		// A call of its own for every take, so that each quota.wait span
+		// shows its own evalsha; by default, callers that arrive while a
+		// take is in flight share the next call, which nests under the
+		// first caller's span only.
+		quota.WithBatching(false))
 	// Retry what retryablehttp retries, except quota's permanent refusals.
 	client.CheckRetry = quota.CheckRetry(retryablehttp.DefaultRetryPolicy)
 
