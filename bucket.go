@@ -31,6 +31,7 @@ type bucket struct {
 	name string
 	keys []string
 	lims []Limit
+	ctl  *controlEntry // what the Limiter read of its control record; nil in none
 }
 
 // bucketKey returns the Redis key of the bucket named name: the prefix,

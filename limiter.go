@@ -40,6 +40,7 @@ type Limiter struct {
 	slots      *slots
 	localSlots localSlots
 	resume     *script // resume.lua
+	controls   *controls
 }
 
 // NewLimiter returns a Limiter that keeps its buckets in rdb, which may be a
@@ -51,11 +52,12 @@ func NewLimiter(rdb redis.Scripter, opts ...Option) *Limiter {
 	}
 	cfg := newConfig(opts)
 	l := &Limiter{
-		cfg:    cfg,
-		store:  newStore(rdb, cfg),
-		obs:    newObserver(cfg),
-		slots:  newSlots(rdb, cfg),
-		resume: newScript(rdb, resumeSource),
+		cfg:      cfg,
+		store:    newStore(rdb, cfg),
+		obs:      newObserver(cfg),
+		slots:    newSlots(rdb, cfg),
+		resume:   newScript(rdb, resumeSource),
+		controls: newControls(rdb, cfg),
 	}
 	client := describeClient(rdb)
 	if cfg.name != "" {
@@ -182,6 +184,9 @@ func (l *Limiter) acquire(ctx context.Context, name string, n float64, lims []Li
 	if err != nil {
 		return nil, err
 	}
+	if b, err = l.controlled(ctx, b); err != nil {
+		return nil, err
+	}
 	span.limit(b.lims[0])
 	if err := b.checkTokens(n); err != nil {
 		return nil, err
@@ -191,7 +196,7 @@ func (l *Limiter) acquire(ctx context.Context, name string, n float64, lims []Li
 			return nil, err
 		}
 	}
-	if err := ctx.Err(); err != nil {
+	if err := l.awaitPause(ctx, &span, b, noWait); err != nil {
 		return nil, err
 	}
 	if slots == 0 {
@@ -277,6 +282,17 @@ func (l *Limiter) waitTokens(ctx context.Context, span *waitSpan, b bucket, n fl
 				return grant{}, err
 			}
 			return g, nil
+		}
+		if g.wait > pausedForever && b.ctl != nil && !noWait && !span.dryRun {
+			// The bucket was paused with no end after this caller left
+			// awaitPause: it waits for the pause as the callers after it.
+			if err := l.controls.readNow(ctx, b.ctl); err != nil {
+				return grant{}, l.classify(ctx, err)
+			}
+			if err := l.awaitPause(ctx, span, b, false); err != nil {
+				return grant{}, err
+			}
+			continue
 		}
 		switch {
 		case noWait:

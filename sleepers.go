@@ -240,30 +240,60 @@ func parseRecord(record string) [][2]int64 {
 }
 
 // sleepOn waits for a grant of bucket b that falls due after g.wait, and
-// later by as much as the pauses recorded meanwhile moved it. When ctx
-// ends first, or a pause moves the grant past ctx's deadline, it returns
-// how far the grant had been moved with the error, for the refund.
+// later by as much as the pauses recorded meanwhile moved it: a provider's
+// pause, announced on the bucket's channel, and an operator's (Pause),
+// which the bucket's control record tells. When ctx ends first, or a pause
+// moves the grant past ctx's deadline, it returns how far the grant had
+// been moved with the error, for the refund.
 func (l *Limiter) sleepOn(ctx context.Context, b bucket, g grant) (time.Duration, error) {
 	if g.wait <= 0 {
 		return 0, nil
 	}
 	due := time.Now().Add(g.wait)
-	s := l.sleepers.add(ctx, b.keys[0], g.takenAt(b))
+	takenAt := g.takenAt(b)
+	s := l.sleepers.add(ctx, b.keys[0], takenAt)
 	defer l.sleepers.remove(b.keys[0], s)
 	deadline, hasDeadline := ctx.Deadline()
-	t := time.NewTimer(time.Until(due.Add(s.moves())))
+	var ctl *controlState
+	var replaced <-chan struct{}
+	if b.ctl != nil {
+		ctl = b.ctl.load()
+		replaced = ctl.replaced
+	}
+	// when returns when the grant falls due, false while a pause with no
+	// end holds it.
+	when := func() (time.Time, bool) {
+		at := due.Add(s.moves())
+		if ctl == nil {
+			return at, true
+		}
+		at = ctl.rescale(at, takenAt, b.lims[0].Rate, b.ctl.rate(ctl))
+		return ctl.hold(at, takenAt)
+	}
+	t := time.NewTimer(0)
+	t.Stop()
 	defer t.Stop()
 	for {
+		at, ends := when()
+		if ends && hasDeadline && at.After(deadline) {
+			return at.Sub(due), ErrWouldExceedDeadline
+		}
+		if ends {
+			t.Reset(time.Until(at))
+		}
 		select {
 		case <-t.C:
-			return 0, nil
-		case <-s.moved:
-			shift := s.moves()
-			if hasDeadline && due.Add(shift).After(deadline) {
-				return shift, ErrWouldExceedDeadline
+			if at, ends := when(); ends && !time.Now().Before(at) {
+				return 0, nil
 			}
-			t.Reset(time.Until(due.Add(shift)))
+		case <-s.moved:
+		case <-replaced:
+			ctl = b.ctl.load()
+			replaced = ctl.replaced
 		case <-ctx.Done():
+			if at, ends := when(); ends {
+				return at.Sub(due), ctx.Err()
+			}
 			return s.moves(), ctx.Err()
 		}
 	}

@@ -1,0 +1,199 @@
+package quota
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Forever, given to Pause, pauses a bucket until Resume.
+const Forever time.Duration = math.MaxInt64
+
+// Status is a bucket as Limiter.Status reads it from Redis.
+type Status struct {
+	// Name is the bucket's name.
+	Name string
+	// Limit is the first layer's Limit in force: the override when there
+	// is one, otherwise the Limit the fleet's Limiters last passed for the
+	// bucket. It is the zero Limit when no Limiter has used the bucket
+	// lately and there is no override; Tokens and Queue are zero then.
+	Limit Limit
+	// Override is the Limit set by SetLimit, or nil.
+	Override *Limit
+	// Tokens is what the first layer holds now, out of Limit.Burst.
+	Tokens float64
+	// Queue is how long until the last grant already given falls due:
+	// how long a caller arriving now would wait, pauses aside.
+	Queue time.Duration
+	// Paused tells whether a pause is in force; PausedSince is when it
+	// began and PausedUntil when it ends, the zero Time for a pause with
+	// no end (Forever).
+	Paused      bool
+	PausedSince time.Time
+	PausedUntil time.Time
+	// Workers is the number of Limiters that used the bucket in the last
+	// few seconds.
+	Workers int
+	// FleetWorkers is the fleet's roll call under
+	// FallbackLocal(n).CountingWorkers(): the Limiters alive that share
+	// the Redis and the prefix; 0 when no Limiter counts workers.
+	FleetWorkers int
+}
+
+// SetLimit stores lim as the Limit of the first layer of the bucket called
+// name, in place of the Limit its callers pass, for every Limiter that
+// shares the Redis and the prefix: within a second, without a restart.
+// Further layers (WithLayers, WaitAll) keep their own Limits. The
+// override stays until ClearLimit; the fleet's local shares under
+// FallbackLocal follow it too. A caller asking for more tokens than the
+// override's burst is refused with ErrExceedsBurst.
+func (l *Limiter) SetLimit(ctx context.Context, name string, lim Limit) error {
+	lim, err := lim.resolve()
+	if err != nil {
+		return err
+	}
+	_, err = l.operate(ctx, name, "limit", num(lim.Rate), num(lim.Burst))
+	return err
+}
+
+// ClearLimit removes the override of the bucket called name: its callers'
+// Limits apply again, within a second.
+func (l *Limiter) ClearLimit(ctx context.Context, name string) error {
+	_, err := l.operate(ctx, name, "clear", "", "")
+	return err
+}
+
+// Pause stops every grant from the bucket called name, in every process
+// that shares the Redis and the prefix, for d, or until Resume when d is
+// Forever. Grants already given and not yet due are held as well: a grant
+// due t after the pause began falls due t after it ends, so that the
+// queue resumes in its order and at its pace. Callers wait through the
+// pause within their deadlines (Allow and WithNoWait refuse at once). A
+// pause while one is in force extends it, never shortens it. A d below a
+// microsecond fails with ErrInvalidLimit.
+func (l *Limiter) Pause(ctx context.Context, name string, d time.Duration) error {
+	arg := "forever"
+	if d != Forever {
+		if d < time.Microsecond {
+			return fmt.Errorf("%w: a pause of %v; it must last a microsecond or more", ErrInvalidLimit, d)
+		}
+		arg = strconv.FormatInt(d.Microseconds(), 10)
+	}
+	_, err := l.operate(ctx, name, "pause", arg, "")
+	return err
+}
+
+// Resume ends the pause of the bucket called name, if one is in force.
+func (l *Limiter) Resume(ctx context.Context, name string) error {
+	_, err := l.operate(ctx, name, "resume", "", "")
+	return err
+}
+
+// Status reads the bucket called name from Redis: the Limit in force and
+// the tokens it holds, its queue, its pause and its users.
+func (l *Limiter) Status(ctx context.Context, name string) (Status, error) {
+	r, err := l.operate(ctx, name, "status")
+	if err != nil {
+		return Status{}, err
+	}
+	st := Status{Name: name, Override: r.override, Workers: r.users}
+	switch {
+	case r.override != nil:
+		st.Limit = *r.override
+	case r.seen != nil:
+		st.Limit = *r.seen
+	}
+	if lim := st.Limit; lim.Rate > 0 {
+		st.Tokens = lim.Burst
+		if r.tat > r.now {
+			owed := float64(r.tat-r.now) / 1e6
+			st.Tokens = lim.Burst - owed*lim.Rate
+			st.Queue = max(0, time.Duration((owed-lim.Burst/lim.Rate)*1e9)).Round(time.Microsecond)
+		}
+	}
+	if r.since != 0 {
+		st.PausedSince = time.UnixMicro(r.since)
+		if r.until < 0 {
+			st.Paused = true
+		} else {
+			st.PausedUntil = time.UnixMicro(r.until)
+			st.Paused = r.until > r.now
+		}
+		if !st.Paused {
+			st.PausedSince, st.PausedUntil = time.Time{}, time.Time{}
+		}
+	}
+	// The roll call of CountingWorkers, which lives beside the buckets.
+	if z, ok := l.store.script.rdb.(interface {
+		ZCount(ctx context.Context, key, min, max string) *redis.IntCmd
+	}); ok {
+		n, err := z.ZCount(ctx, l.cfg.prefix+"workers", strconv.FormatInt(r.now/1000, 10), "+inf").Result()
+		if err != nil {
+			return Status{}, l.classify(ctx, err)
+		}
+		st.FleetWorkers = int(n)
+	}
+	return st, nil
+}
+
+// layersOf returns the suffixes of the further layers' keys of the bucket
+// whose first key is key, as the Limiters that use it last recorded them.
+func (l *Limiter) layersOf(ctx context.Context, key string) ([]string, error) {
+	h, ok := l.store.script.rdb.(interface {
+		HGet(ctx context.Context, key, field string) *redis.StringCmd
+	})
+	if !ok {
+		return nil, nil
+	}
+	layers, err := h.HGet(ctx, key+controlSuffix, "layers").Result()
+	if err == redis.Nil {
+		err = nil
+	}
+	return strings.Fields(layers), err
+}
+
+// operate runs a control operation on the bucket called name and, when
+// it changes the record, reads it again for this Limiter at once.
+func (l *Limiter) operate(ctx context.Context, name, op string, args ...any) (record, error) {
+	key, err := bucketKey(l.cfg.prefix, name)
+	if err != nil {
+		return record{}, err
+	}
+	keys := []string{key + controlSuffix, key + usersSuffix, key}
+	if op == "pause" || op == "resume" {
+		// A pause moves the queues of every layer the Limiters use.
+		layers, err := l.layersOf(ctx, key)
+		if err != nil {
+			return record{}, l.classify(ctx, err)
+		}
+		for _, suffix := range layers {
+			keys = append(keys, key+suffix)
+		}
+	}
+	argv := append([]any{op}, args...)
+	if op != "status" {
+		argv = append(argv, l.cfg.prefix+controlChannel)
+	}
+	cmd, _ := l.controls.script.run(ctx, keys, argv...)
+	if err := cmd.Err(); err != nil {
+		return record{}, l.classify(ctx, err)
+	}
+	r, err := parseControl(cmd)
+	if err != nil {
+		return record{}, err
+	}
+	if op != "status" {
+		l.controls.mu.RLock()
+		e := l.controls.m[key]
+		l.controls.mu.RUnlock()
+		if e != nil {
+			_ = l.controls.readNow(ctx, e)
+		}
+	}
+	return r, nil
+}
