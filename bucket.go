@@ -32,6 +32,7 @@ type bucket struct {
 	keys []string
 	lims []Limit
 	ctl  *controlEntry // what the Limiter read of its control record; nil in none
+	own  Limit         // the first layer's Limit as the caller passed it, under ctl
 }
 
 // bucketKey returns the Redis key of the bucket named name: the prefix,

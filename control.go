@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -99,6 +100,14 @@ func (st *controlState) rescale(due time.Time, takenAt int64, from, to float64) 
 		return due
 	}
 	return st.changed.Add(time.Duration(float64(due.Sub(st.changed)) * from / to))
+}
+
+// outpaced tells whether a grant taken at takenAt (server µs) at rate from
+// was taken after the latest change of the Limit in force, to the slower
+// rate to, by a Limiter that had not yet heard of it: such a grant holds
+// a place in the queue spaced at the old rate, and is to be taken again.
+func (st *controlState) outpaced(takenAt int64, from, to float64) bool {
+	return !st.changed.IsZero() && takenAt >= st.changedUS && from > to
 }
 
 // apply returns b with the override, if any, as its first layer's Limit.
@@ -468,9 +477,20 @@ func (l *Limiter) controlled(ctx context.Context, b bucket) (bucket, error) {
 		}
 		l.breaker.trip(b, err)
 	}
+	own := b.lims[0]
 	b = e.load().apply(b)
-	b.ctl = e
+	b.ctl, b.own = e, own
 	return b, nil
+}
+
+// recontrolled returns b under the control record as the Limiter knows it
+// now: with the override in force, or the caller's own Limit when there
+// is none.
+func (b bucket) recontrolled() bucket {
+	lims := slices.Clone(b.lims)
+	lims[0] = b.own
+	b.lims = lims
+	return b.ctl.load().apply(b)
 }
 
 // awaitPause waits while b is paused, until the pause ends or ctx does.

@@ -276,6 +276,12 @@ func (l *Limiter) waitTokens(ctx context.Context, span *waitSpan, b bucket, n fl
 			}
 			if err != nil {
 				go l.refund(context.WithoutCancel(ctx), b, n, g.tats)
+				if err == errOutpaced {
+					// Taken at the old pace after a change to a slower
+					// one: take again, at the pace now in force.
+					b = b.recontrolled()
+					continue
+				}
 				if err == ErrWouldExceedDeadline {
 					return grant{}, fmt.Errorf("%w: a pause moved %q's grant by %v", ErrWouldExceedDeadline, name, moved)
 				}

@@ -120,6 +120,9 @@ func TestSetLimitReachesEveryLimiter(t *testing.T) {
 	// third of a second at 100/s. After them, grants come 50 ms apart:
 	// five span 200 ms, where at the old pace they span 40.
 	last := lastRun(woke[:sort.Search(len(woke), func(i int) bool { return woke[i].After(cleared) })], set, 100*time.Millisecond)
+	if last.IsZero() {
+		last = set // no grant at the old pace after SetLimit
+	}
 	slow := between(woke, set.Add(time.Second), cleared)
 	fast := between(woke, cleared.Add(time.Second), stop)
 	t.Logf("the old pace ended %v after SetLimit; %d grants in the second before ClearLimit (bound %d), %d in the %v after it",
@@ -136,6 +139,49 @@ func TestSetLimitReachesEveryLimiter(t *testing.T) {
 	// The swarm's bound across both changes: never the larger limit's.
 	if n := maxInWindow(woke, time.Second); n > bound(old, time.Second)+3 {
 		t.Errorf("%d grants in a second, bound %d", n, bound(old, time.Second))
+	}
+}
+
+// deaf is a client on which a Limiter cannot listen to announcements: it
+// learns of a change only when it reads the record again, a second after
+// it last did.
+type deaf struct{ redis.Scripter }
+
+// A Limiter that has not heard of a change to a slower rate takes at the
+// old one meanwhile. Its grants, spaced at the old pace, must not reach
+// the provider as a burst once it hears: they are taken again.
+func TestGrantsOutpacedByAChangeAreTakenAgain(t *testing.T) {
+	srv := redistest.Start(t)
+	stale := NewLimiter(deaf{srv.Client(t)})
+	operator := NewLimiter(srv.Client(t))
+	ctx := context.Background()
+	const name = "outpaced"
+	old, low := Limit{Rate: 100, Burst: 1}, Limit{Rate: 10, Burst: 1}
+	start := time.Now()
+	stop := start.Add(4 * time.Second)
+	done := arrivals(t, []*Limiter{stale}, 20, name, old, stop)
+
+	time.Sleep(time.Until(start.Add(1200 * time.Millisecond)))
+	if err := operator.SetLimit(ctx, name, low); err != nil {
+		t.Fatal(err)
+	}
+	set := time.Now()
+	woke := done()
+
+	// The deaf Limiter reads the record a second after its last read at
+	// most, and grants at the old pace until then; from then on, the
+	// provider sees the new one.
+	heard := set.Add(1100 * time.Millisecond)
+	busiest := 0
+	for i, w := range woke {
+		if w.Before(heard) {
+			continue
+		}
+		busiest = max(busiest, between(woke[i:], w, w.Add(time.Second)))
+	}
+	t.Logf("%d grants in the busiest second from 1.1s after SetLimit(%v), bound %d", busiest, low, bound(low, time.Second))
+	if busiest > bound(low, time.Second)+3 {
+		t.Errorf("%d grants in a second once the change was heard, bound %d", busiest, bound(low, time.Second))
 	}
 }
 

@@ -2,6 +2,7 @@ package quota
 
 import (
 	"context"
+	"errors"
 	"strconv"
 	"strings"
 	"sync"
@@ -239,12 +240,17 @@ func parseRecord(record string) [][2]int64 {
 	return out
 }
 
+// errOutpaced tells waitTokens that its grant was taken at a rate that a
+// change had already made slower (controlState.outpaced).
+var errOutpaced = errors.New("quota: taken at a rate no longer in force")
+
 // sleepOn waits for a grant of bucket b that falls due after g.wait, and
 // later by as much as the pauses recorded meanwhile moved it: a provider's
 // pause, announced on the bucket's channel, and an operator's (Pause),
 // which the bucket's control record tells. When ctx ends first, or a pause
 // moves the grant past ctx's deadline, it returns how far the grant had
-// been moved with the error, for the refund.
+// been moved with the error, for the refund. When a change of the Limit
+// in force outpaced the grant, it returns errOutpaced.
 func (l *Limiter) sleepOn(ctx context.Context, b bucket, g grant) (time.Duration, error) {
 	if g.wait <= 0 {
 		return 0, nil
@@ -274,6 +280,9 @@ func (l *Limiter) sleepOn(ctx context.Context, b bucket, g grant) (time.Duration
 	t.Stop()
 	defer t.Stop()
 	for {
+		if ctl != nil && ctl.outpaced(takenAt, b.lims[0].Rate, b.ctl.rate(ctl)) {
+			return 0, errOutpaced
+		}
 		at, ends := when()
 		if ends && hasDeadline && at.After(deadline) {
 			return at.Sub(due), ErrWouldExceedDeadline
