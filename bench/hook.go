@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"strings"
 	"sync/atomic"
 
 	"github.com/redis/go-redis/v9"
@@ -35,4 +36,44 @@ func (h countHook) count(cmd redis.Cmder) {
 	default:
 		h.n.Add(1)
 	}
+}
+
+// noControlHook answers the reads of quota's control records with a
+// record that holds nothing, without sending them: a control read is an
+// EVALSHA (or EVAL) whose first argument after the keys is "read" and
+// whose first key ends in ":ctl". Other commands go to Redis.
+type noControlHook struct{}
+
+func (noControlHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (noControlHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if c, ok := cmd.(*redis.Cmd); ok && isControlRead(c.Args()) {
+			c.SetVal([]any{"0", "", "", "", "", "", "", "", ""})
+			return nil
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (noControlHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// isControlRead tells whether args are those of a read of a control record.
+func isControlRead(args []any) bool {
+	if len(args) < 4 {
+		return false
+	}
+	switch args[0] {
+	case "evalsha", "eval":
+	default:
+		return false
+	}
+	keys, ok := args[2].(int)
+	if !ok || keys < 1 || len(args) <= 3+keys {
+		return false
+	}
+	first, _ := args[3].(string)
+	return strings.HasSuffix(first, ":ctl") && args[3+keys] == "read"
 }

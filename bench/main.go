@@ -4,7 +4,9 @@
 //
 //   - quota's Limiter.Wait, whose goroutines share a script call while one
 //     for their bucket is in flight, and the same with WithBatching(false),
-//     a call each;
+//     a call each; and the same with batching on a client that answers the
+//     reads of the buckets' control records itself instead of sending them,
+//     what an acquisition cost Redis before runtime control;
 //   - github.com/go-redis/redis_rate/v10, GCRA in Lua on the server's clock,
 //     with the blocking loop its users write (Allow, sleep RetryAfter, ask
 //     again);
@@ -19,7 +21,8 @@
 // bucket, the Redis commands per grant, the most grants in any 1-second
 // window against the bound Burst + Rate, and whether any window held more
 // grants than Burst + Rate x its length (exact). The targets compare
-// quota's figures with redis_rate's and with its own without batching; the
+// quota's figures with redis_rate's, with its own without batching and
+// with its own without control reads; the
 // scaling table gives acquisitions per second, commands and Redis CPU per
 // acquisition from 1 to 256 goroutines.
 //

@@ -6,9 +6,13 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // TestShortRun runs the whole program with shortConfig on a redis-server
@@ -92,10 +96,10 @@ func TestShortRun(t *testing.T) {
 		case quotaName, unbatchedName:
 			for i, c := range r.swarms {
 				// At most one script call a grant, and once per bucket the
-				// read of its pause record when the first caller sleeps on
-				// it.
-				if c.commands > int64(c.grants)+1 {
-					t.Errorf("%s, %d goroutines: %d Redis commands for %d grants, want one a grant and one more", r.name, c.goroutines, c.commands, c.grants)
+				// read of its control record, and of its pause record when
+				// the first caller sleeps on it.
+				if c.commands > int64(c.grants)+2 {
+					t.Errorf("%s, %d goroutines: %d Redis commands for %d grants, want one a grant and two more", r.name, c.goroutines, c.commands, c.grants)
 				}
 				if r.name == quotaName && c.commands >= int64(c.grants) {
 					t.Errorf("quota, %d goroutines: %d Redis commands for %d grants, want fewer: the first callers share a call", c.goroutines, c.commands, c.grants)
@@ -210,4 +214,75 @@ func cells(line string) []string {
 		parts[i] = strings.TrimSpace(p)
 	}
 	return parts
+}
+
+// recordHook records the names of the commands that reach it, with the
+// operation of each script call.
+type recordHook struct {
+	mu   *sync.Mutex
+	seen *[]string
+}
+
+func (recordHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h recordHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		args := cmd.Args()
+		what := cmd.Name()
+		if isControlRead(args) {
+			what = "control read"
+		}
+		h.mu.Lock()
+		*h.seen = append(*h.seen, what)
+		h.mu.Unlock()
+		return next(ctx, cmd)
+	}
+}
+
+func (recordHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// The peer without control reads sends none, and every take: the peer it
+// is compared with sends them, so that the comparison measures them.
+func TestControlReadsNotSent(t *testing.T) {
+	if _, err := exec.LookPath("redis-server"); err != nil {
+		if os.Getenv("QUOTA_REQUIRE_REDIS") == "1" {
+			t.Fatalf("redis-server not on PATH and QUOTA_REQUIRE_REDIS=1: %v", err)
+		}
+		t.Skip("redis-server not on PATH; set QUOTA_REQUIRE_REDIS=1 to fail instead")
+	}
+	ctx := context.Background()
+	srv, err := startServer(ctx, "redis-server")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.stop()
+	for _, c := range []struct {
+		acquire      func(*redis.Client, string, limit) acquireFunc
+		controlReads bool
+	}{
+		{quotaAcquire(true), true},
+		{uncontrolledAcquire, false},
+	} {
+		var mu sync.Mutex
+		var seen []string
+		rdb := redis.NewClient(&redis.Options{Addr: srv.addr})
+		defer rdb.Close()
+		// Added after the peer's own hooks, this one runs after them,
+		// and sees only the commands they send on to Redis.
+		acquire := c.acquire(rdb, "reads", unlimited)
+		rdb.AddHook(recordHook{&mu, &seen})
+		for range 5 {
+			if err := acquire(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		mu.Lock()
+		reads := slices.Index(seen, "control read") >= 0
+		mu.Unlock()
+		if reads != c.controlReads {
+			t.Errorf("control reads sent: %v, want %v; the commands: %v", reads, c.controlReads, seen)
+		}
+	}
 }

@@ -34,6 +34,7 @@ type peer struct {
 const (
 	quotaName     = "quota Limiter.Wait"
 	unbatchedName = "quota, WithBatching(false)"
+	uncontrolName = "quota, control reads not sent"
 	redisRateName = "go-redis/redis_rate v10"
 	seedName      = "seed article script + loop"
 )
@@ -42,6 +43,7 @@ const (
 var peers = []peer{
 	{name: quotaName, redis: true, scaling: true, newAcquire: quotaAcquire(true)},
 	{name: unbatchedName, redis: true, scaling: true, newAcquire: quotaAcquire(false)},
+	{name: uncontrolName, redis: true, newAcquire: uncontrolledAcquire},
 	{name: redisRateName, redis: true, scaling: true, newAcquire: redisRateAcquire},
 	{name: seedName, redis: true, newAcquire: seedAcquire},
 	{name: "x/time/rate (in-process)", redis: false, newAcquire: localAcquire},
@@ -57,6 +59,15 @@ func quotaAcquire(batching bool) func(rdb *redis.Client, key string, lim limit) 
 		ql := quota.Limit{Rate: lim.Rate, Burst: float64(lim.Burst)}
 		return func(ctx context.Context) error { return l.Wait(ctx, key, ql) }
 	}
+}
+
+// uncontrolledAcquire is quota's Limiter.Wait on a client that answers
+// the reads of the buckets' control records itself, as if no operator had
+// set anything, instead of sending them to Redis: what an acquisition cost
+// Redis before runtime control (SetLimit, Pause), beside what it costs now.
+func uncontrolledAcquire(rdb *redis.Client, key string, lim limit) acquireFunc {
+	rdb.AddHook(noControlHook{})
+	return quotaAcquire(true)(rdb, key, lim)
 }
 
 // redisRateAcquire is redis_rate's blocking pattern as its users write it:
