@@ -20,8 +20,8 @@ import (
 // time, in a known order, and then lets it go; the next call serves them
 // all. They run on real redis-server processes.
 
-// holdHook holds script calls while the test says so, and counts the
-// script calls that take tokens.
+// holdHook holds the script calls that take tokens while the test says
+// so, and counts them.
 type holdHook struct {
 	mu    sync.Mutex
 	gate  chan struct{} // closed by release; nil: calls pass
@@ -29,7 +29,7 @@ type holdHook struct {
 	takes atomic.Int64
 }
 
-// hold makes the next script calls wait until release.
+// hold makes the next takes wait until release.
 func (h *holdHook) hold() {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -47,12 +47,10 @@ func (h *holdHook) DialHook(next redis.DialHook) redis.DialHook { return next }
 
 func (h *holdHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		if n := cmd.Name(); n != "evalsha" && n != "eval" {
-			return next(ctx, cmd)
+		if scriptOp(cmd) != "take" {
+			return next(ctx, cmd) // reads of the control record pass
 		}
-		if args := cmd.Args(); len(args) > 3 && fmt.Sprint(args[3+argInt(args[2])]) == "take" {
-			h.takes.Add(1)
-		}
+		h.takes.Add(1)
 		h.mu.Lock()
 		gate, held := h.gate, h.held
 		h.mu.Unlock()
@@ -71,9 +69,21 @@ func (h *holdHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pro
 	return next
 }
 
-func argInt(a any) int {
-	n, _ := strconv.Atoi(fmt.Sprint(a))
-	return n
+// scriptOp returns the operation of a call of one of the package's
+// scripts ("take", "read", ...), or "" for any other command.
+func scriptOp(cmd redis.Cmder) string {
+	if n := cmd.Name(); n != "evalsha" && n != "eval" {
+		return ""
+	}
+	args := cmd.Args()
+	if len(args) < 3 {
+		return ""
+	}
+	keys, _ := strconv.Atoi(fmt.Sprint(args[2]))
+	if len(args) <= 3+keys {
+		return ""
+	}
+	return fmt.Sprint(args[3+keys])
 }
 
 // batchRig is a Limiter on a redis-server of its own, with a holdHook, a

@@ -123,8 +123,8 @@ func TestClusterClient(t *testing.T) {
 		}
 
 		takeAndRefuse(t, l, name)
-		if n, err := direct[master.Addr()].Exists(ctx, rkey).Result(); err != nil || n != 1 {
-			t.Errorf("%.40q: EXISTS on its master %s = %d, %v; want 1", rkey, master.Addr(), n, err)
+		if n, err := direct[master.Addr()].Exists(ctx, rkey, rkey+controlSuffix).Result(); err != nil || n != 2 {
+			t.Errorf("%.40q: EXISTS of it and its control record on its master %s = %d, %v; want 2", rkey, master.Addr(), n, err)
 		}
 	}
 	t.Logf("%d buckets in %d slots, keys per master %v; the Limiter sent %v", len(names), len(slots), onMaster, cmds)
@@ -132,8 +132,8 @@ func TestClusterClient(t *testing.T) {
 		t.Errorf("%d buckets landed on %d masters, want all 3", len(names), len(onMaster))
 	}
 	for addr, c := range direct {
-		if n, err := c.DBSize(ctx).Result(); err != nil || int(n) != onMaster[addr] {
-			t.Errorf("master %s holds %d keys (%v), want the %d bucket keys it serves", addr, n, err, onMaster[addr])
+		if n, err := c.DBSize(ctx).Result(); err != nil || int(n) != 2*onMaster[addr] {
+			t.Errorf("master %s holds %d keys (%v), want the %d bucket keys it serves and their control records", addr, n, err, onMaster[addr])
 		}
 	}
 	// The first Wait sends the script with EVAL; each other master learns it
@@ -275,8 +275,8 @@ func TestRingClient(t *testing.T) {
 	ctx := context.Background()
 	shards := map[string]*redis.Client{"a": a.Client(t), "b": b.Client(t)}
 
-	// Each bucket's key lives on exactly one shard, and both shards hold
-	// some.
+	// Each bucket's key lives on exactly one shard with its control
+	// record, and both shards hold some.
 	names := bucketNames(60)
 	onShard := map[string]int{}
 	for _, name := range names {
@@ -284,10 +284,13 @@ func TestRingClient(t *testing.T) {
 		rkey, _ := bucketKey(l.cfg.prefix, name)
 		var on []string
 		for shard, c := range shards {
-			if n, err := c.Exists(ctx, rkey).Result(); err != nil {
+			switch n, err := c.Exists(ctx, rkey, rkey+controlSuffix).Result(); {
+			case err != nil:
 				t.Fatal(err)
-			} else if n == 1 {
+			case n == 2:
 				on = append(on, shard)
+			case n == 1:
+				t.Errorf("%.40q and its control record are on different shards", rkey)
 			}
 		}
 		if len(on) != 1 {
@@ -297,8 +300,8 @@ func TestRingClient(t *testing.T) {
 	}
 	t.Logf("%d buckets, keys per shard %v; commands: %v", len(names), onShard, cmds)
 	for shard, c := range shards {
-		if n, err := c.DBSize(ctx).Result(); err != nil || int(n) != onShard[shard] || n == 0 {
-			t.Errorf("shard %s holds %d keys (%v), want the %d bucket keys found there, and some", shard, n, err, onShard[shard])
+		if n, err := c.DBSize(ctx).Result(); err != nil || int(n) != 2*onShard[shard] || n == 0 {
+			t.Errorf("shard %s holds %d keys (%v), want the %d bucket keys found there and their control records, and some", shard, n, err, onShard[shard])
 		}
 	}
 	// The first Wait sends the script with EVAL to its shard; the other

@@ -2,12 +2,9 @@ package quota
 
 import (
 	"context"
-	"crypto/rand"
 	_ "embed"
-	"encoding/hex"
 	"errors"
 	"fmt"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -34,8 +31,7 @@ var controlSource string
 const (
 	controlRefresh = time.Second
 	controlIdle    = time.Minute     // a Limiter stops listening when unused this long
-	controlUse     = 5 * time.Second // a Limiter counts among a bucket's users this long after a read
-	maxControls    = 10000           // records kept, like the local limiters
+	maxControls    = 2048            // records kept
 	controlReadFor = time.Second     // bounds a read in the background
 
 	// A pause with no end moves a bucket's queue ten years ahead until it
@@ -43,7 +39,6 @@ const (
 	pausedForever = 5 * 365 * 24 * time.Hour
 
 	controlSuffix  = ":ctl"
-	usersSuffix    = ":users"
 	controlChannel = "control" // after the prefix
 )
 
@@ -154,7 +149,6 @@ type controls struct {
 	rdb    redis.Scripter
 	script *script
 	prefix string
-	id     string // this Limiter's, among a bucket's users
 
 	mu        sync.RWMutex
 	m         map[string]*controlEntry
@@ -164,14 +158,10 @@ type controls struct {
 }
 
 func newControls(rdb redis.Scripter, cfg config) *controls {
-	host, _ := os.Hostname()
-	var b [6]byte
-	_, _ = rand.Read(b[:])
 	return &controls{
 		rdb:    rdb,
 		script: newScript(rdb, controlSource),
 		prefix: cfg.prefix,
-		id:     fmt.Sprintf("%s/%d/%s", host, os.Getpid(), hex.EncodeToString(b[:])),
 	}
 }
 
@@ -308,15 +298,18 @@ func (c *controls) refresh(e *controlEntry) {
 	_ = c.readNow(ctx, e)
 }
 
-// read reads e's record, announces the Limiter among the bucket's users,
+// read reads e's record, records the Limit the Limiter's callers pass,
 // and replaces e's state with what it read. A failed read leaves the
 // state as it was, or no control at all if there was none, and is tried
 // again controlRefresh later.
 func (c *controls) read(ctx context.Context, e *controlEntry) error {
 	e.read.Store(time.Now().UnixNano())
 	sent := time.Now()
-	cmd, _ := c.script.run(ctx, []string{e.key + controlSuffix, e.key + usersSuffix, e.key},
-		"read", e.seen, e.layers, c.id, controlUse.Milliseconds())
+	keys := []string{e.key + controlSuffix, e.key}
+	for suffix := range strings.FieldsSeq(e.layers) {
+		keys = append(keys, e.key+suffix)
+	}
+	cmd, _ := c.script.run(ctx, keys, "read", e.seen, e.layers)
 	rec, err := parseControl(cmd)
 	if err != nil {
 		return err
@@ -385,7 +378,6 @@ type record struct {
 	override     *Limit
 	since, until int64 // µs; until is -1 for a pause with no end
 	seen         *Limit
-	users        int
 	tat          int64 // status only; 0 when absent
 	changed      int64 // µs; 0 when the Limit in force never changed
 }
@@ -396,7 +388,7 @@ func parseControl(cmd *redis.Cmd) (record, error) {
 	if err != nil {
 		return record{}, err
 	}
-	if len(vals) != 9 {
+	if len(vals) != 8 {
 		return record{}, fmt.Errorf("%w: a control reply of %d fields", ErrScript, len(vals))
 	}
 	var r record
@@ -430,10 +422,9 @@ func parseControl(cmd *redis.Cmd) (record, error) {
 	if rate, burst, ok := strings.Cut(vals[5], " "); ok {
 		r.seen = limit(rate, burst)
 	}
-	r.users = int(integer(vals[6]))
-	r.changed = integer(vals[8])
-	if vals[7] != "" {
-		tat, err := strconv.ParseFloat(vals[7], 64)
+	r.changed = integer(vals[7])
+	if vals[6] != "" {
+		tat, err := strconv.ParseFloat(vals[6], 64)
 		r.tat = int64(tat)
 		errs = append(errs, err)
 	}

@@ -14,23 +14,20 @@
 --            changed       when the Limit in force last changed, µs;
 --            layers        the keys of the bucket's further layers, after
 --                          the first's, space-separated suffixes.
--- KEYS[2]  the Limiters that used the bucket lately, a sorted set of their
---          ids scored by when that lapses (ms).
--- KEYS[3]  the first layer's key; KEYS[4] ... the further layers' keys
---          (pause and resume: their queues move with the pause).
+-- KEYS[2]  the first layer's key; KEYS[3] ... the further layers' keys
+--          (read, pause and resume: the record lives as long as their
+--          queues, and their queues move with a pause).
 -- ARGV[1]  operation: "read", "limit", "clear", "pause", "resume" or
 --          "status".
 -- ARGV[2]  read: "<rate> <burst>" the Limiter passes; limit: the rate;
 --          pause: how long in microseconds, or "forever".
 -- ARGV[3]  read: the further layers' suffixes; limit: the burst.
--- ARGV[4]  read: the Limiter's id; others: the channel that announces a
+-- ARGV[4]  limit, clear, pause, resume: the channel that announces a
 --          change, on which the bucket's first key is published.
--- ARGV[5]  read: how long the Limiter's use lasts, in milliseconds.
 --
--- Reply: {now, rate, burst, since, until, seen, users, tat, changed},
--- strings, "" for what is absent; now in microseconds on the server's
--- clock, users the Limiters that used the bucket lately and tat the first
--- layer's (status only).
+-- Reply: {now, rate, burst, since, until, seen, tat, changed}, strings,
+-- "" for what is absent; now in microseconds on the server's clock, tat
+-- the first layer's (status only).
 --
 -- A change of the Limit in force (limit, clear) keeps what the first
 -- layer holds, or owes, in tokens: a queue at the old rate becomes the
@@ -46,8 +43,11 @@
 -- corrects the move made.
 -- A layer without a queue (its key absent or its tat passed) is not moved.
 --
--- The record expires a day after its last change unless it holds an
--- override or a pause with no end.
+-- A record that holds an override or a pause with no end stays until
+-- they are removed. Any other expires keep milliseconds after it was last
+-- read or written, or when its pause ends or its bucket's keys expire
+-- (when their queues have passed), whichever is last: a flood of names
+-- leaves no record behind it for long.
 
 if redis.replicate_commands then
   redis.replicate_commands() -- lets TIME precede writes on Redis < 5
@@ -56,43 +56,41 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local ctl = KEYS[1]
 local op = ARGV[1]
-local day = 86400000
+local keep = 10000 -- ms
 
 local function reply(tat)
   local f = redis.call('HMGET', ctl, 'rate', 'burst', 'since', 'until', 'seen', 'changed')
-  local users = ''
-  if op == 'status' then
-    redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', math.floor(now / 1000))
-    users = tostring(redis.call('ZCARD', KEYS[2]))
-  end
-  return {string.format('%d', now), f[1] or '', f[2] or '', f[3] or '', f[4] or '', f[5] or '', users, tat or '', f[6] or ''}
+  return {string.format('%d', now), f[1] or '', f[2] or '', f[3] or '', f[4] or '', f[5] or '', tat or '', f[6] or ''}
 end
 
 -- expire keeps the record while it holds an override or a pause with no
--- end, and for a day otherwise.
+-- end, and otherwise for as long as its pause or its bucket's keys, and
+-- keep at least.
 local function expire()
-  if redis.call('HEXISTS', ctl, 'rate') == 1 or redis.call('HGET', ctl, 'until') == 'forever' then
+  local g = redis.call('HMGET', ctl, 'rate', 'until')
+  if g[1] or g[2] == 'forever' then
     redis.call('PERSIST', ctl)
-  else
-    redis.call('PEXPIRE', ctl, day)
+    return
   end
+  local ttl = keep
+  if g[2] then
+    ttl = math.max(ttl, math.ceil((tonumber(g[2]) - now) / 1000))
+  end
+  for i = 2, #KEYS do
+    ttl = math.max(ttl, redis.call('PTTL', KEYS[i]))
+  end
+  redis.call('PEXPIRE', ctl, ttl)
 end
 
 if op == 'read' then
   redis.call('HSET', ctl, 'seen', ARGV[2], 'layers', ARGV[3])
-  if redis.call('PTTL', ctl) == -1 then
-    expire() -- a new record
-  end
-  local ms = math.floor(now / 1000)
-  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', ms)
-  redis.call('ZADD', KEYS[2], ms + tonumber(ARGV[5]), ARGV[4])
-  redis.call('PEXPIRE', KEYS[2], tonumber(ARGV[5]))
+  expire()
   return reply()
 end
 
 if op == 'status' then
   -- The first layer's queue as it stands before a pause moved it.
-  local tat = tonumber(redis.call('GET', KEYS[3]))
+  local tat = tonumber(redis.call('GET', KEYS[2]))
   local g = redis.call('HMGET', ctl, 'since', 'until', 'shifted')
   local shifted = tonumber(g[3])
   if tat and shifted and g[1] and (g[2] == 'forever' or (tonumber(g[2]) or 0) > now) then
@@ -106,7 +104,7 @@ local function move(d)
   if d == 0 then
     return
   end
-  for i = 3, #KEYS do
+  for i = 2, #KEYS do
     local tat = tonumber(redis.call('GET', KEYS[i]))
     if tat and tat > now then
       local v = math.max(tat + d, now)
@@ -149,7 +147,7 @@ end
 -- to the one after it, keeping the tokens it holds or owes.
 local function rescale(r1, b1)
   local r2, b2 = inForce()
-  local tat = tonumber(redis.call('GET', KEYS[3]))
+  local tat = tonumber(redis.call('GET', KEYS[2]))
   redis.call('HSET', ctl, 'changed', string.format('%d', now))
   if not (r1 and r2 and tat) or tat <= now or (r1 == r2 and b1 == b2) then
     return
@@ -157,9 +155,9 @@ local function rescale(r1, b1)
   local tokens = b1 - (tat - now) / 1000000 * r1
   local v = now + (b2 - math.min(tokens, b2)) / r2 * 1000000
   if v <= now then
-    redis.call('DEL', KEYS[3])
+    redis.call('DEL', KEYS[2])
   else
-    redis.call('SET', KEYS[3], v, 'PX', math.ceil((v - now) / 1000))
+    redis.call('SET', KEYS[2], v, 'PX', math.ceil((v - now) / 1000))
   end
 end
 
@@ -176,7 +174,7 @@ elseif op == 'pause' then
     -- A new pause: it moves the queues now behind it.
     since, shifted = now, nil
     local queued = false
-    for i = 3, #KEYS do
+    for i = 2, #KEYS do
       local tat = tonumber(redis.call('GET', KEYS[i]))
       queued = queued or (tat ~= nil and tat > now)
     end
@@ -222,5 +220,5 @@ else
 end
 
 expire()
-redis.call('PUBLISH', ARGV[4], KEYS[3])
+redis.call('PUBLISH', ARGV[4], KEYS[2])
 return reply()

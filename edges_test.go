@@ -198,7 +198,10 @@ func TestFloodOfNamesKeepsTheHeap(t *testing.T) {
 			before := heap()
 			flood(1000, 200_000)
 			after := heap()
-			t.Logf("%d queues and %d local limiters remembered", l.locals.nQueues.Load(), len(l.locals.m))
+			l.locals.mu.Lock()
+			locals := len(l.locals.m)
+			l.locals.mu.Unlock()
+			t.Logf("%d queues and %d local limiters remembered", l.locals.nQueues.Load(), locals)
 			grew := (float64(after) - float64(before)) / (1 << 20)
 			t.Logf("heap %.1f MB after 1,000 names, %.1f MB after 200,000", float64(before)/(1<<20), float64(after)/(1<<20))
 			if grew > 3 {

@@ -86,13 +86,17 @@ func ExampleNewTransport_regions() {
 		}
 		resp.Body.Close()
 	}
-	// The buckets in Redis, with how long until each is full again.
+	// The buckets in Redis, with how long until each is full again, and
+	// beside each its control record (Limiter.SetLimit, Limiter.Pause),
+	// kept while the bucket is in use.
 	for _, key := range redisServer.Keys() {
 		fmt.Println(key, redisServer.TTL(key))
 	}
 	// Output:
 	// quota:{api.example.com/eu} 200ms
+	// quota:{api.example.com/eu}:ctl 10s
 	// quota:{api.example.com/us} 100ms
+	// quota:{api.example.com/us}:ctl 10s
 }
 
 // A provider that allows 10 requests a second, 300 a minute and 10,000 a
@@ -114,7 +118,7 @@ func ExampleWithLayers() {
 	}
 	resp.Body.Close()
 	// One key a layer, all in the bucket's hash slot, each named after its
-	// Limit but the first.
+	// Limit but the first; and the bucket's control record.
 	for _, key := range redisServer.Keys() {
 		fmt.Println(key)
 	}
@@ -122,6 +126,7 @@ func ExampleWithLayers() {
 	// quota:{api.example.com}
 	// quota:{api.example.com}:0.11574074074074074/1000
 	// quota:{api.example.com}:5/15
+	// quota:{api.example.com}:ctl
 }
 
 // A Limiter gates work that is not an HTTP request: here, mail through a

@@ -36,13 +36,10 @@ type Status struct {
 	Paused      bool
 	PausedSince time.Time
 	PausedUntil time.Time
-	// Workers is the number of Limiters that used the bucket in the last
-	// few seconds.
-	Workers int
-	// FleetWorkers is the fleet's roll call under
+	// Workers is the fleet's roll call under
 	// FallbackLocal(n).CountingWorkers(): the Limiters alive that share
 	// the Redis and the prefix; 0 when no Limiter counts workers.
-	FleetWorkers int
+	Workers int
 }
 
 // SetLimit stores lim as the Limit of the first layer of the bucket called
@@ -101,7 +98,7 @@ func (l *Limiter) Status(ctx context.Context, name string) (Status, error) {
 	if err != nil {
 		return Status{}, err
 	}
-	st := Status{Name: name, Override: r.override, Workers: r.users}
+	st := Status{Name: name, Override: r.override}
 	switch {
 	case r.override != nil:
 		st.Limit = *r.override
@@ -136,7 +133,7 @@ func (l *Limiter) Status(ctx context.Context, name string) (Status, error) {
 		if err != nil {
 			return Status{}, l.classify(ctx, err)
 		}
-		st.FleetWorkers = int(n)
+		st.Workers = int(n)
 	}
 	return st, nil
 }
@@ -164,7 +161,7 @@ func (l *Limiter) operate(ctx context.Context, name, op string, args ...any) (re
 	if err != nil {
 		return record{}, err
 	}
-	keys := []string{key + controlSuffix, key + usersSuffix, key}
+	keys := []string{key + controlSuffix, key}
 	if op == "pause" || op == "resume" {
 		// A pause moves the queues of every layer the Limiters use.
 		layers, err := l.layersOf(ctx, key)

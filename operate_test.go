@@ -295,8 +295,8 @@ func TestStatusReports(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st.Limit != lim || math.Abs(st.Tokens+2.8) > 0.3 || st.Queue < 200*time.Millisecond || st.Queue > 300*time.Millisecond || st.Workers != 1 || st.FleetWorkers != 1 {
-		t.Errorf("status after 8 tokens: %+v; want %v, about -2.8 tokens, a queue of about 280ms, 1 worker, 1 in the roll call", st, lim)
+	if st.Limit != lim || math.Abs(st.Tokens+2.8) > 0.3 || st.Queue < 200*time.Millisecond || st.Queue > 300*time.Millisecond || st.Workers != 1 {
+		t.Errorf("status after 8 tokens: %+v; want %v, about -2.8 tokens, a queue of about 280ms, 1 worker in the roll call", st, lim)
 	}
 
 	if err := l.SetLimit(ctx, name, Limit{Rate: 2, Burst: 4}); err != nil {
@@ -453,13 +453,70 @@ func TestControlReadsAreBounded(t *testing.T) {
 // read as a number fails the read rather than passing as no control.
 func TestControlRecordParsing(t *testing.T) {
 	cmd := redis.NewCmd(context.Background())
-	cmd.SetVal([]any{"1000000", "x", "1", "", "", "", "", "", ""})
+	cmd.SetVal([]any{"1000000", "x", "1", "", "", "", "", ""})
 	if _, err := parseControl(cmd); err == nil {
 		t.Error("an override rate of x parsed")
 	}
-	cmd.SetVal([]any{"1000000", "2", "4", "500000", "forever", "10 5", "3", "1700000.5", "900000"})
+	cmd.SetVal([]any{"1000000", "2", "4", "500000", "forever", "10 5", "1700000.5", "900000"})
 	r, err := parseControl(cmd)
-	if err != nil || r.until != -1 || r.override == nil || *r.override != (Limit{Rate: 2, Burst: 4}) || r.seen == nil || r.users != 3 || r.tat != 1700000 || r.changed != 900000 {
+	if err != nil || r.until != -1 || r.override == nil || *r.override != (Limit{Rate: 2, Burst: 4}) || r.seen == nil || r.tat != 1700000 || r.changed != 900000 {
 		t.Errorf("parsed %+v, %v", r, err)
+	}
+}
+
+// A control record that holds nothing an operator set lives while its
+// bucket is in use or queued, and no longer; one with an override or a
+// pause with no end stays.
+func TestControlRecordExpires(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	l := NewLimiter(rdb)
+	ctx := context.Background()
+	const name = "expiry"
+	key := "quota:{" + name + "}"
+	ttl := func() time.Duration {
+		t.Helper()
+		d, err := rdb.PTTL(ctx, key+controlSuffix).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	// A queue of a minute: the record lives as long.
+	if ok, err := l.AllowN(ctx, name, Limit{Rate: 1, Burst: 61}, 61); !ok || err != nil {
+		t.Fatal(ok, err)
+	}
+	if err := l.ClearLimit(ctx, name); err != nil { // a write, that sets the expiry again
+		t.Fatal(err)
+	}
+	if d := ttl(); d < 55*time.Second || d > 62*time.Second {
+		t.Errorf("a record whose bucket is full in a minute expires in %v", d)
+	}
+	for _, c := range []struct {
+		what string
+		do   func() error
+		keep bool
+	}{
+		{"an override", func() error { return l.SetLimit(ctx, name, Limit{Rate: 2, Burst: 4}) }, true},
+		{"no override", func() error { return l.ClearLimit(ctx, name) }, false},
+		{"a pause forever", func() error { return l.Pause(ctx, name, Forever) }, true},
+		{"a resume", func() error { return l.Resume(ctx, name) }, false},
+	} {
+		if err := c.do(); err != nil {
+			t.Fatal(err)
+		}
+		if d := ttl(); (d == -1) != c.keep {
+			t.Errorf("after %s the record expires in %v; want it kept: %v", c.what, d, c.keep)
+		}
+	}
+	// An unqueued bucket's record goes 10 s after its last read.
+	if err := rdb.Del(ctx, key).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.ClearLimit(ctx, name); err != nil {
+		t.Fatal(err)
+	}
+	if d := ttl(); d < 9*time.Second || d > 10*time.Second {
+		t.Errorf("a record with nothing set and no queue expires in %v, want 10s", d)
 	}
 }

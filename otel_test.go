@@ -66,13 +66,13 @@ func attrs(s sdktrace.ReadOnlySpan) map[attribute.Key]attribute.Value {
 	return m
 }
 
-// spanContextHook records the span in the context of each Redis command.
+// spanContextHook records the span in the context of each take.
 type spanContextHook struct{ seen chan trace.SpanContext }
 
 func (spanContextHook) DialHook(next redis.DialHook) redis.DialHook { return next }
 func (h spanContextHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		if n := cmd.Name(); n == "evalsha" || n == "eval" {
+		if scriptOp(cmd) == "take" {
 			h.seen <- trace.SpanContextFromContext(ctx)
 		}
 		return next(ctx, cmd)
