@@ -30,9 +30,9 @@ var controlSource string
 // while it listens, and while it does not, reads before it grants.
 const (
 	controlRefresh = time.Second
-	controlIdle    = time.Minute     // a Limiter stops listening when unused this long
-	maxControls    = 2048            // records kept
-	controlReadFor = time.Second     // bounds a read in the background
+	controlIdle    = time.Minute // a Limiter stops listening when unused this long
+	maxControls    = 2048        // records kept
+	controlReadFor = time.Second // bounds a read in the background
 
 	// A pause with no end moves a bucket's queue ten years ahead until it
 	// ends (control.lua): a wait longer than this tells of one.
