@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -16,7 +17,25 @@ import (
 // scripts on its keys and nothing else. The README shows it.
 const aclLimiter = "on >limiter-secret resetkeys ~quota:* resetchannels &quota:* -@all " +
 	"+evalsha +eval +get +set +del +time +zadd +zremrangebyscore +pexpire +zcard +hello " +
-	"+publish +subscribe +spublish +ssubscribe +ping +zscore +zrem +zrange +rpush +lpop +lrem"
+	"+publish +subscribe +spublish +ssubscribe +ping +zscore +zrem +zrange +rpush +lpop +lrem " +
+	"+hget +hmget +hset +hdel +hexists +persist +pttl +zcount"
+
+// TestREADMEShowsTheACL: the README's ACL line is the one tested.
+func TestREADMEShowsTheACL(t *testing.T) {
+	readme, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var lines []string
+	for _, line := range strings.Split(string(readme), "\n") {
+		if rule, ok := strings.CutPrefix(line, "ACL SETUSER limiter "); ok {
+			lines = append(lines, strings.Replace(rule, ">SECRET ", ">limiter-secret ", 1))
+		}
+	}
+	if len(lines) != 1 || lines[0] != aclLimiter {
+		t.Errorf("the README shows the ACL rule(s)\n%q\nwant\n%q", lines, aclLimiter)
+	}
+}
 
 func TestLeastPrivilegeUser(t *testing.T) {
 	srv := redistest.Start(t)
@@ -91,6 +110,44 @@ func TestLeastPrivilegeUser(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("the released slot did not reach the waiter as the limiter's user")
 	}
+
+	// The operator's commands, from cmd/quota, as the same user; a
+	// Limiter in use hears of an override on the control channel.
+	ops := NewLimiter(client("limiter", "limiter-secret"))
+	if err := ops.Wait(ctx, "ops", PerSecond(100)); err != nil {
+		t.Fatal(err)
+	}
+	bin := quotaBinary(t)
+	url := "redis://limiter:limiter-secret@" + srv.Addr()
+	quotaCmd(t, bin, url, "limit", "ops", "7/s", "3")
+	opsKey, _ := bucketKey(DefaultPrefix, "ops")
+	eventually(t, 500*time.Millisecond, "the override announced", func() bool {
+		ops.controls.mu.RLock()
+		e := ops.controls.m[opsKey]
+		ops.controls.mu.RUnlock()
+		return e.load().hasOverride && e.load().override == Limit{Rate: 7, Burst: 3}
+	})
+	quotaCmd(t, bin, url, "pause", "ops", "forever")
+	if _, out := quotaCmd(t, bin, url, "-json", "status", "ops"); !strings.Contains(out, `"paused_forever":true`) ||
+		!strings.Contains(out, `"override":{"rate":7,"burst":3}`) || !strings.Contains(out, `"workers":1`) {
+		t.Errorf("quota -json status as the limiter's user: %s", out)
+	}
+	quotaCmd(t, bin, url, "resume", "ops")
+	quotaCmd(t, bin, url, "limit", "ops", "off")
+	if st, err := ops.Status(ctx, "ops"); err != nil || st.Paused || st.Override != nil {
+		t.Errorf("Status as the limiter's user after resume and limit off: %+v, %v", st, err)
+	}
+	for _, op := range []func() error{
+		func() error { return ops.SetLimit(ctx, "ops", PerSecond(5)) },
+		func() error { return ops.Pause(ctx, "ops", time.Millisecond) },
+		func() error { return ops.Resume(ctx, "ops") },
+		func() error { return ops.ClearLimit(ctx, "ops") },
+	} {
+		if err := op(); err != nil {
+			t.Errorf("an operation as the limiter's user: %v", err)
+		}
+	}
+
 	if err := lrdb.Set(ctx, "other:key", "x", 0).Err(); !redis.HasErrorPrefix(err, "NOPERM") {
 		t.Errorf("SET other:key as the limiter's user: %v, want NOPERM", err)
 	}
@@ -111,6 +168,19 @@ func TestLeastPrivilegeUser(t *testing.T) {
 	}
 	if !Permanent(n.Wait(ctx, "api.example.com", PerSecond(100))) {
 		t.Error("missing rights are not a permanent error")
+	}
+
+	// A user that may run the scripts but not a command they call: Redis
+	// 7.0 refuses that command inside the script with a plain ERR, not
+	// NOPERM, so it is an ErrScript. Either way the policy does not hide
+	// it.
+	setUser("nohset", strings.Replace(aclLimiter, " +hset ", " ", 1))
+	hrdb := client("nohset", "limiter-secret")
+	h := NewLimiter(hrdb, WithPolicy(FailOpen), WithLogger(slogOf(&logRecorder{})))
+	err = h.Wait(ctx, "api.example.com", PerSecond(100))
+	t.Logf("a command refused inside a script: %v", err)
+	if !errors.Is(err, ErrScript) && !errors.Is(err, ErrNoPermission) || errors.Is(err, ErrUnavailable) || !Permanent(err) {
+		t.Errorf("Wait without +hset: err = %v, want ErrScript or ErrNoPermission", err)
 	}
 }
 

@@ -1,0 +1,398 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"math"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/sharedquota/quota"
+	"github.com/sharedquota/quota/internal/redistest"
+)
+
+// quotaRun runs the command line with env as the environment and returns
+// its exit status, stdout and stderr.
+func quotaRun(env map[string]string, args ...string) (int, string, string) {
+	var out, errOut bytes.Buffer
+	code := run(args, &out, &errOut, func(k string) string { return env[k] })
+	return code, out.String(), errOut.String()
+}
+
+// mustRun runs the command line and fails the test unless it succeeds.
+func mustRun(t *testing.T, env map[string]string, args ...string) string {
+	t.Helper()
+	code, out, errOut := quotaRun(env, args...)
+	if code != 0 {
+		t.Fatalf("quota %s: exit %d, stderr %q", strings.Join(args, " "), code, errOut)
+	}
+	if errOut != "" {
+		t.Errorf("quota %s: stderr %q", strings.Join(args, " "), errOut)
+	}
+	return out
+}
+
+func TestHelp(t *testing.T) {
+	for _, args := range [][]string{{"-h"}, {"-help"}, {"help"}, {"-json", "help"}} {
+		code, out, errOut := quotaRun(nil, args...)
+		if code != 0 || !strings.HasPrefix(out, "usage:") || errOut != "" {
+			t.Errorf("quota %v: exit %d, stdout %q, stderr %q; want the usage on stdout, exit 0", args, code, out, errOut)
+		}
+	}
+}
+
+// TestBadUsage: bad input to every subcommand exits 2 before reaching
+// Redis, with one line that says why and one that points to the usage.
+func TestBadUsage(t *testing.T) {
+	env := map[string]string{"REDIS_URL": "redis://127.0.0.1:1"} // never dialled
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{nil, "no subcommand"},
+		{[]string{"-json"}, "no subcommand"},
+		{[]string{"-nosuchflag", "status", "x"}, "flag provided but not defined"},
+		{[]string{"-redis"}, "flag needs an argument"},
+		{[]string{"stats", "x"}, `unknown subcommand "stats"`},
+		{[]string{"status", "x", "-json"}, `unexpected argument "-json"`}, // flags come first
+		{[]string{"status"}, "missing arguments"},
+		{[]string{"status", ""}, "name is empty"},
+		{[]string{"status", "a", "b"}, `unexpected argument "b"`},
+		{[]string{"limit"}, "missing arguments"},
+		{[]string{"limit", "x"}, "missing arguments"},
+		{[]string{"limit", "x", "fast"}, `bad rate "fast"`},
+		{[]string{"limit", "x", "10/w"}, `bad rate "10/w"`},
+		{[]string{"limit", "x", "0/s"}, `bad rate "0/s"`},
+		{[]string{"limit", "x", "-5"}, `bad rate "-5"`},
+		{[]string{"limit", "x", "NaN"}, `bad rate "NaN"`},
+		{[]string{"limit", "x", "Inf/s"}, `bad rate "Inf/s"`},
+		{[]string{"limit", "x", "/s"}, `bad rate "/s"`},
+		{[]string{"limit", "x", "10/s", "many"}, `bad burst "many"`},
+		{[]string{"limit", "x", "10/s", "0"}, `bad burst "0"`},
+		{[]string{"limit", "x", "10/s", "-1"}, `bad burst "-1"`},
+		{[]string{"limit", "x", "10/s", "5", "6"}, `unexpected argument "6"`},
+		{[]string{"limit", "x", "off", "5"}, `unexpected argument "5" after off`},
+		{[]string{"limit", "x", "1/d", "400"}, "400 days to fill; the most is 366"},
+		{[]string{"limit", "x", "1e-8"}, "1157 days to fill"}, // the default burst of one token
+		{[]string{"pause"}, "missing arguments"},
+		{[]string{"pause", "x"}, "missing arguments"},
+		{[]string{"pause", "x", "soon"}, `bad duration "soon"`},
+		{[]string{"pause", "x", "10"}, `bad duration "10"`},
+		{[]string{"pause", "x", "0s"}, `bad duration "0s"`},
+		{[]string{"pause", "x", "-1s"}, `bad duration "-1s"`},
+		{[]string{"pause", "x", "1s", "2s"}, `unexpected argument "2s"`},
+		{[]string{"resume"}, "missing arguments"},
+		{[]string{"resume", "x", "now"}, `unexpected argument "now"`},
+		{[]string{"-redis", "localhost", "status", "x"}, `bad -redis address "localhost"`},
+		{[]string{"-redis", "a:1,b", "status", "x"}, `bad -redis address "b"`},
+		{[]string{"-redis", "http://localhost:6379", "status", "x"}, "bad -redis"},
+	} {
+		code, out, errOut := quotaRun(env, tc.args...)
+		lines := strings.Split(strings.TrimSuffix(errOut, "\n"), "\n")
+		if code != 2 || out != "" || len(lines) != 2 || !strings.HasPrefix(lines[0], "quota: ") ||
+			!strings.Contains(lines[0], tc.want) || lines[1] != hint {
+			t.Errorf("quota %q: exit %d, stdout %q, stderr %q; want exit 2 and %q, then the hint", tc.args, code, out, errOut, tc.want)
+		}
+	}
+}
+
+func TestParseRate(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want float64
+	}{
+		{"10/s", 10}, {"300/m", 5}, {"7200/h", 2}, {"10000/d", 10000.0 / 86400}, {"2.5", 2.5}, {"0.5/s", 0.5}, {"1e3", 1000},
+	} {
+		got, err := parseRate(tc.in)
+		if err != nil || math.Abs(got-tc.want) > 1e-12 {
+			t.Errorf("parseRate(%q) = %v, %v; want %v", tc.in, got, err, tc.want)
+		}
+	}
+	for _, tc := range []struct {
+		args []string
+		want quota.Limit
+	}{
+		{[]string{"10/s"}, quota.Limit{Rate: 10, Burst: 30}}, // the package's default burst
+		{[]string{"10000/d"}, quota.Limit{Rate: 10000.0 / 86400, Burst: 1}},
+		{[]string{"20/s", "5"}, quota.Limit{Rate: 20, Burst: 5}},
+		{[]string{"1/d", "366"}, quota.Limit{Rate: 1.0 / 86400, Burst: 366}},
+	} {
+		got, err := parseLimit(tc.args)
+		if err != nil || got != tc.want {
+			t.Errorf("parseLimit(%q) = %+v, %v; want %+v", tc.args, got, err, tc.want)
+		}
+	}
+	for r, want := range map[float64]string{10: "10/s", 5: "5/s", 0.5: "30/m", 10000.0 / 86400: "10000/d", 2.0 / 3600: "2/h", 1.0 / 7: "0.142857/s"} {
+		if got := fmtRate(r); got != want {
+			t.Errorf("fmtRate(%v) = %q, want %q", r, got, want)
+		}
+	}
+}
+
+// statusOf runs quota -json status and decodes its object.
+func statusOf(t *testing.T, env map[string]string, flags ...string) map[string]any {
+	t.Helper()
+	out := mustRun(t, env, append(append([]string{"-json"}, flags...), "status", "api.example.com")...)
+	if strings.Count(out, "\n") != 1 {
+		t.Errorf("quota -json status printed %q, want one line", out)
+	}
+	var m map[string]any
+	if err := json.Unmarshal([]byte(out), &m); err != nil {
+		t.Fatalf("quota -json status printed %q: %v", out, err)
+	}
+	return m
+}
+
+// TestCommands runs every subcommand against a redis-server and checks
+// what the package reads back, and what quota prints.
+func TestCommands(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := context.Background()
+	env := map[string]string{}
+	flags := []string{"-redis", srv.Addr()}
+	cmd := func(args ...string) string { return mustRun(t, env, append(append([]string{}, flags...), args...)...) }
+	const name = "api.example.com"
+	l := quota.NewLimiter(srv.Client(t))
+	if err := l.Wait(ctx, name, quota.PerSecond(100)); err != nil {
+		t.Fatal(err)
+	}
+
+	// Nothing set: the callers' Limit, one worker.
+	st := statusOf(t, env, flags...)
+	want := map[string]any{
+		"name": name, "limit": map[string]any{"rate": 100.0, "burst": 300.0}, "override": nil,
+		"paused": false, "paused_forever": false, "paused_since": nil, "paused_until": nil,
+		"pause_left_seconds": 0.0, "workers": 1.0, "fleet_workers": 0.0, "queue_seconds": 0.0,
+	}
+	for k, v := range want {
+		if !jsonEqual(st[k], v) {
+			t.Errorf("status %s = %v, want %v", k, st[k], v)
+		}
+	}
+	if tok, _ := st["tokens"].(float64); tok < 299 || tok > 300 {
+		t.Errorf("status tokens = %v, want about 299", st["tokens"])
+	}
+	if len(st) != 12 {
+		t.Errorf("status has %d fields, want 12: %v", len(st), st)
+	}
+	text := cmd("status", name)
+	for _, line := range []string{"bucket   api.example.com", "limit    100/s, burst 300 (the callers'; no override)", "paused   no", "workers  1 on this bucket"} {
+		if !strings.Contains(text, line+"\n") {
+			t.Errorf("status printed\n%s\nwithout the line %q", text, line)
+		}
+	}
+
+	// limit
+	if out := cmd("limit", name, "20/s", "5"); !strings.Contains(out, "limited to 20/s, burst 5") {
+		t.Errorf("limit printed %q", out)
+	}
+	got, err := l.Status(ctx, name)
+	if err != nil || got.Override == nil || *got.Override != (quota.Limit{Rate: 20, Burst: 5}) {
+		t.Fatalf("after quota limit 20/s 5, Status = %+v, %v", got, err)
+	}
+	st = statusOf(t, env, flags...)
+	if !jsonEqual(st["override"], map[string]any{"rate": 20.0, "burst": 5.0}) || !jsonEqual(st["limit"], st["override"]) {
+		t.Errorf("status after limit: limit %v override %v", st["limit"], st["override"])
+	}
+	if text := cmd("status", name); !strings.Contains(text, "limit    20/s, burst 5 (override)\n") {
+		t.Errorf("status printed\n%s", text)
+	}
+	var action map[string]any
+	out := cmd("-json", "limit", name, "300/m")
+	if action, err = decode(out); err != nil || !jsonEqual(action, map[string]any{
+		"name": name, "action": "limit", "override": map[string]any{"rate": 5.0, "burst": 15.0}}) {
+		t.Errorf("quota -json limit 300/m printed %q", out)
+	}
+	cmd("limit", name, "off")
+	if got, err := l.Status(ctx, name); err != nil || got.Override != nil || got.Limit.Rate != 100 {
+		t.Fatalf("after quota limit off, Status = %+v, %v", got, err)
+	}
+
+	// pause for a while, then forever, then resume
+	before := time.Now()
+	if out := cmd("pause", name, "90s"); !strings.Contains(out, "paused for 1m30s") {
+		t.Errorf("pause printed %q", out)
+	}
+	st = statusOf(t, env, flags...)
+	left, _ := st["pause_left_seconds"].(float64)
+	since, _ := time.Parse(time.RFC3339, str(st["paused_since"]))
+	until, _ := time.Parse(time.RFC3339, str(st["paused_until"]))
+	if st["paused"] != true || st["paused_forever"] != false || left < 85 || left > 90 ||
+		since.Sub(before).Abs() > time.Second || until.Sub(since.Add(90*time.Second)).Abs() > time.Millisecond {
+		t.Errorf("status after pause 90s: %v", st)
+	}
+	if text := cmd("status", name); !strings.Contains(text, "paused   until ") || !strings.Contains(text, "s left), since ") {
+		t.Errorf("status printed\n%s", text)
+	}
+	out = cmd("-json", "pause", name, "forever")
+	if action, err = decode(out); err != nil || !jsonEqual(action, map[string]any{"name": name, "action": "pause", "forever": true}) {
+		t.Errorf("quota -json pause forever printed %q", out)
+	}
+	st = statusOf(t, env, flags...)
+	if st["paused"] != true || st["paused_forever"] != true || st["paused_until"] != nil || st["pause_left_seconds"] != nil || st["paused_since"] == nil {
+		t.Errorf("status after pause forever: %v", st)
+	}
+	if text := cmd("status", name); !strings.Contains(text, "paused   until resumed, since ") {
+		t.Errorf("status printed\n%s", text)
+	}
+	if got, err := l.Status(ctx, name); err != nil || !got.Paused || !got.PausedUntil.IsZero() {
+		t.Fatalf("after quota pause forever, Status = %+v, %v", got, err)
+	}
+	if ok, _ := l.Allow(ctx, name, quota.PerSecond(100)); ok {
+		t.Error("Allow granted a token while paused forever")
+	}
+	out = cmd("-json", "resume", name)
+	if action, err = decode(out); err != nil || !jsonEqual(action, map[string]any{"name": name, "action": "resume"}) {
+		t.Errorf("quota -json resume printed %q", out)
+	}
+	if got, err := l.Status(ctx, name); err != nil || got.Paused {
+		t.Fatalf("after quota resume, Status = %+v, %v", got, err)
+	}
+
+	// Another prefix is another set of buckets.
+	other := quota.NewLimiter(srv.Client(t), quota.WithPrefix("tenant7:"))
+	cmd("-prefix", "tenant7:", "limit", name, "1/s")
+	if got, _ := other.Status(ctx, name); got.Override == nil || got.Override.Rate != 1 {
+		t.Errorf("quota -prefix tenant7: limit: Status under that prefix = %+v", got)
+	}
+	if got, _ := l.Status(ctx, name); got.Override != nil {
+		t.Errorf("quota -prefix tenant7: limit set an override under the default prefix")
+	}
+	// An unknown bucket: nothing known, nothing invented.
+	st = statusOf(t, env, append(flags, "-prefix", "nobody:")...)
+	if st["limit"] != nil || st["override"] != nil || st["tokens"] != 0.0 || st["workers"] != 0.0 {
+		t.Errorf("status of an unused bucket: %v", st)
+	}
+	if text := cmd("-prefix", "nobody:", "status", name); !strings.Contains(text, "limit    unknown") {
+		t.Errorf("status of an unused bucket printed\n%s", text)
+	}
+}
+
+func decode(s string) (map[string]any, error) {
+	var m map[string]any
+	err := json.Unmarshal([]byte(s), &m)
+	return m, err
+}
+
+func str(v any) string { s, _ := v.(string); return s }
+
+func jsonEqual(a, b any) bool {
+	x, _ := json.Marshal(a)
+	y, _ := json.Marshal(b)
+	return bytes.Equal(x, y)
+}
+
+// TestRedisURL: REDIS_URL, and a URL in -redis, carry the password; a
+// wrong one fails with exit 1 and never shows the password.
+func TestRedisURL(t *testing.T) {
+	const pass = "s3cret-pw"
+	srv := redistest.Start(t) // (its readiness check does not authenticate)
+	ctx := context.Background()
+	if err := srv.Client(t).ConfigSet(ctx, "requirepass", pass).Err(); err != nil {
+		t.Fatal(err)
+	}
+	admin := srv.Client(t, func(o *redis.Options) { o.Password = pass })
+	l := quota.NewLimiter(admin)
+	good := "redis://:" + pass + "@" + srv.Addr() + "/0"
+	mustRun(t, map[string]string{"REDIS_URL": good}, "limit", "env", "7/s")
+	mustRun(t, nil, "-redis", good, "limit", "flag", "8/s")
+	// -redis wins over REDIS_URL.
+	mustRun(t, map[string]string{"REDIS_URL": "redis://127.0.0.1:1"}, "-redis", good, "limit", "both", "9/s")
+	for name, rate := range map[string]float64{"env": 7, "flag": 8, "both": 9} {
+		if st, err := l.Status(ctx, name); err != nil || st.Override == nil || st.Override.Rate != rate {
+			t.Errorf("Status(%s) = %+v, %v; want an override of %v/s", name, st, err, rate)
+		}
+	}
+
+	for _, tc := range []struct {
+		env  map[string]string
+		args []string
+	}{
+		{map[string]string{"REDIS_URL": "redis://:wrong-" + pass + "@" + srv.Addr()}, []string{"status", "x"}},
+		{nil, []string{"-redis", "redis://:wrong-" + pass + "@" + srv.Addr(), "status", "x"}},
+		{nil, []string{"-redis", srv.Addr(), "status", "x"}}, // no password
+	} {
+		code, out, errOut := quotaRun(tc.env, tc.args...)
+		if code != 1 || out != "" || strings.Count(errOut, "\n") != 1 || !strings.Contains(errOut, "redis at "+srv.Addr()+": ") || strings.Contains(errOut, pass) {
+			t.Errorf("quota %v with a wrong password: exit %d, stdout %q, stderr %q; want exit 1 and one line naming %s without the password", tc.args, code, out, errOut, srv.Addr())
+		}
+	}
+	for _, u := range []string{"http://localhost:6379", "redis://:" + pass + "@localhost:port/0", "redis://:" + pass + "@localhost:6379/db"} {
+		code, _, errOut := quotaRun(map[string]string{"REDIS_URL": u}, "status", "x")
+		if code != 2 || !strings.HasPrefix(errOut, "quota: bad REDIS_URL: ") || strings.Count(errOut, "\n") != 2 || strings.Contains(errOut, pass) {
+			t.Errorf("REDIS_URL=%s: exit %d, stderr %q; want exit 2, the reason without the password", u, code, errOut)
+		}
+	}
+}
+
+// TestTLSURL: rediss:// turns TLS on; a server that does not speak it
+// is an error of Redis, exit 1.
+func TestTLSURL(t *testing.T) {
+	srv := redistest.Start(t)
+	code, _, errOut := quotaRun(map[string]string{"REDIS_URL": "rediss://" + srv.Addr()}, "status", "x")
+	if code != 1 || !strings.Contains(errOut, "redis at "+srv.Addr()) {
+		t.Errorf("rediss:// to a plain server: exit %d, stderr %q; want exit 1", code, errOut)
+	}
+}
+
+// TestCluster: a comma-separated -redis is a Cluster's nodes.
+func TestCluster(t *testing.T) {
+	c := redistest.StartCluster(t, 3, 0)
+	ctx := context.Background()
+	l := quota.NewLimiter(c.Client(t))
+	addrs := strings.Join(c.Addrs(), ",")
+	names := []string{"a.example.com", "b.example.com", "c.example.com", "d.example.com", "e.example.com"}
+	for _, name := range names {
+		mustRun(t, nil, "-redis", addrs, "limit", name, "3/s", "2")
+		mustRun(t, nil, "-redis", addrs, "pause", name, "forever")
+	}
+	for _, name := range names {
+		st, err := l.Status(ctx, name)
+		if err != nil || st.Override == nil || *st.Override != (quota.Limit{Rate: 3, Burst: 2}) || !st.Paused {
+			t.Errorf("Status(%s) on the Cluster = %+v, %v", name, st, err)
+		}
+		mustRun(t, nil, "-redis", addrs, "resume", name)
+		mustRun(t, nil, "-redis", addrs, "limit", name, "off")
+		if st, err := l.Status(ctx, name); err != nil || st.Override != nil || st.Paused {
+			t.Errorf("Status(%s) after resume and limit off = %+v, %v", name, st, err)
+		}
+	}
+}
+
+// TestUnreachable: no server at the address: exit 1, one line naming it.
+func TestUnreachable(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	for _, tc := range []struct {
+		env  map[string]string
+		args []string
+		name string
+	}{
+		{nil, []string{"-redis", addr, "status", "x"}, addr},
+		{nil, []string{"-redis", addr, "-json", "limit", "x", "1/s"}, addr},
+		{nil, []string{"-redis", addr, "pause", "x", "1s"}, addr},
+		{nil, []string{"-redis", addr, "resume", "x"}, addr},
+		{map[string]string{"REDIS_URL": "redis://:pw@" + addr}, []string{"limit", "x", "off"}, addr},
+		{nil, []string{"-redis", addr + "," + addr, "status", "x"}, addr + "," + addr},
+	} {
+		start := time.Now()
+		code, out, errOut := quotaRun(tc.env, tc.args...)
+		took := time.Since(start)
+		if code != 1 || out != "" || strings.Count(errOut, "\n") != 1 || !strings.HasPrefix(errOut, "quota: redis at "+tc.name+": ") ||
+			!strings.Contains(errOut, "unavailable") || strings.Contains(errOut, ":pw@") {
+			t.Errorf("quota %v with nothing at %s: exit %d, stdout %q, stderr %q; want exit 1 and one line naming the address", tc.args, addr, code, out, errOut)
+		}
+		if took > overall+time.Second {
+			t.Errorf("quota %v took %v, want at most %v", tc.args, took, overall)
+		}
+		t.Logf("quota %v: exit %d after %v: %s", tc.args, code, took.Round(time.Millisecond), strings.TrimSpace(errOut))
+	}
+}
