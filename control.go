@@ -2,9 +2,12 @@ package quota
 
 import (
 	"context"
+	"crypto/rand"
 	_ "embed"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -149,6 +152,7 @@ type controls struct {
 	rdb    redis.Scripter
 	script *script
 	prefix string
+	id     string // this Limiter's, among a bucket's users
 
 	mu        sync.RWMutex
 	m         map[string]*controlEntry
@@ -158,10 +162,14 @@ type controls struct {
 }
 
 func newControls(rdb redis.Scripter, cfg config) *controls {
+	host, _ := os.Hostname()
+	var b [6]byte
+	_, _ = rand.Read(b[:])
 	return &controls{
 		rdb:    rdb,
 		script: newScript(rdb, controlSource),
 		prefix: cfg.prefix,
+		id:     fmt.Sprintf("%s/%d/%s", host, os.Getpid(), hex.EncodeToString(b[:])),
 	}
 }
 
@@ -298,7 +306,8 @@ func (c *controls) refresh(e *controlEntry) {
 	_ = c.readNow(ctx, e)
 }
 
-// read reads e's record, records the Limit the Limiter's callers pass,
+// read reads e's record, records the Limit the Limiter's callers pass
+// and the Limiter among the bucket's users,
 // and replaces e's state with what it read. A failed read leaves the
 // state as it was, or no control at all if there was none, and is tried
 // again controlRefresh later.
@@ -309,7 +318,7 @@ func (c *controls) read(ctx context.Context, e *controlEntry) error {
 	for suffix := range strings.FieldsSeq(e.layers) {
 		keys = append(keys, e.key+suffix)
 	}
-	cmd, _ := c.script.run(ctx, keys, "read", e.seen, e.layers)
+	cmd, _ := c.script.run(ctx, keys, "read", e.seen, e.layers, c.id)
 	rec, err := parseControl(cmd)
 	if err != nil {
 		return err
@@ -378,6 +387,7 @@ type record struct {
 	override     *Limit
 	since, until int64 // µs; until is -1 for a pause with no end
 	seen         *Limit
+	users        int   // status only
 	tat          int64 // status only; 0 when absent
 	changed      int64 // µs; 0 when the Limit in force never changed
 }
@@ -388,7 +398,7 @@ func parseControl(cmd *redis.Cmd) (record, error) {
 	if err != nil {
 		return record{}, err
 	}
-	if len(vals) != 8 {
+	if len(vals) != 9 {
 		return record{}, fmt.Errorf("%w: a control reply of %d fields", ErrScript, len(vals))
 	}
 	var r record
@@ -422,9 +432,10 @@ func parseControl(cmd *redis.Cmd) (record, error) {
 	if rate, burst, ok := strings.Cut(vals[5], " "); ok {
 		r.seen = limit(rate, burst)
 	}
-	r.changed = integer(vals[7])
-	if vals[6] != "" {
-		tat, err := strconv.ParseFloat(vals[6], 64)
+	r.users = int(integer(vals[6]))
+	r.changed = integer(vals[8])
+	if vals[7] != "" {
+		tat, err := strconv.ParseFloat(vals[7], 64)
 		r.tat = int64(tat)
 		errs = append(errs, err)
 	}

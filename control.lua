@@ -13,7 +13,10 @@
 --                          passed, "<rate> <burst>";
 --            changed       when the Limit in force last changed, µs;
 --            layers        the keys of the bucket's further layers, after
---                          the first's, space-separated suffixes.
+--                          the first's, space-separated suffixes;
+--            u:<id>        a Limiter that used the bucket lately, until
+--                          when it counts as a user (ms);
+--            users         how many u: fields the last sweep left.
 -- KEYS[2]  the first layer's key; KEYS[3] ... the further layers' keys
 --          (read, pause and resume: the record lives as long as their
 --          queues, and their queues move with a pause).
@@ -22,12 +25,14 @@
 -- ARGV[2]  read: "<rate> <burst>" the Limiter passes; limit: the rate;
 --          pause: how long in microseconds, or "forever".
 -- ARGV[3]  read: the further layers' suffixes; limit: the burst.
--- ARGV[4]  limit, clear, pause, resume: the channel that announces a
---          change, on which the bucket's first key is published.
+-- ARGV[4]  read: the Limiter's id; limit, clear, pause, resume: the
+--          channel that announces a change, on which the bucket's first
+--          key is published.
 --
--- Reply: {now, rate, burst, since, until, seen, tat, changed}, strings,
--- "" for what is absent; now in microseconds on the server's clock, tat
--- the first layer's (status only).
+-- Reply: {now, rate, burst, since, until, seen, users, tat, changed},
+-- strings, "" for what is absent; now in microseconds on the server's
+-- clock, users the Limiters that used the bucket lately and tat the first
+-- layer's (status only).
 --
 -- A change of the Limit in force (limit, clear) keeps what the first
 -- layer holds, or owes, in tokens: a queue at the old rate becomes the
@@ -58,9 +63,33 @@ local ctl = KEYS[1]
 local op = ARGV[1]
 local keep = 10000 -- ms
 
-local function reply(tat)
+local use = 5000 -- ms a Limiter counts as a user after a read
+
+-- sweep removes the users whose use has lapsed, and returns how many are
+-- left.
+local function sweep()
+  local ms = math.floor(now / 1000)
+  local f = redis.call('HGETALL', ctl)
+  if #f == 0 then
+    return 0 -- no record, and none made
+  end
+  local n = 0
+  for i = 1, #f, 2 do
+    if string.sub(f[i], 1, 2) == 'u:' then
+      if tonumber(f[i + 1]) <= ms then
+        redis.call('HDEL', ctl, f[i])
+      else
+        n = n + 1
+      end
+    end
+  end
+  redis.call('HSET', ctl, 'users', n)
+  return n
+end
+
+local function reply(users, tat)
   local f = redis.call('HMGET', ctl, 'rate', 'burst', 'since', 'until', 'seen', 'changed')
-  return {string.format('%d', now), f[1] or '', f[2] or '', f[3] or '', f[4] or '', f[5] or '', tat or '', f[6] or ''}
+  return {string.format('%d', now), f[1] or '', f[2] or '', f[3] or '', f[4] or '', f[5] or '', users or '', tat or '', f[6] or ''}
 end
 
 -- expire keeps the record while it holds an override or a pause with no
@@ -83,7 +112,14 @@ local function expire()
 end
 
 if op == 'read' then
-  redis.call('HSET', ctl, 'seen', ARGV[2], 'layers', ARGV[3])
+  redis.call('HSET', ctl, 'seen', ARGV[2], 'layers', ARGV[3], 'u:' .. ARGV[4], math.floor(now / 1000) + use)
+  -- The users that stopped go in a sweep once the fields outnumber
+  -- twice the users the last sweep left, and 32: now and then, however
+  -- many Limiters come and go while an override keeps the record.
+  local n = tonumber(redis.call('HGET', ctl, 'users')) or 0
+  if redis.call('HLEN', ctl) > 2 * n + 32 then
+    sweep()
+  end
   expire()
   return reply()
 end
@@ -96,7 +132,7 @@ if op == 'status' then
   if tat and shifted and g[1] and (g[2] == 'forever' or (tonumber(g[2]) or 0) > now) then
     tat = tat - shifted
   end
-  return reply(tat and string.format('%d', tat))
+  return reply(tostring(sweep()), tat and string.format('%d', tat))
 end
 
 -- move shifts every layer with a queue by d microseconds, never below now.

@@ -36,10 +36,13 @@ type Status struct {
 	Paused      bool
 	PausedSince time.Time
 	PausedUntil time.Time
-	// Workers is the fleet's roll call under
+	// Workers is the number of Limiters that used the bucket in the last
+	// five seconds.
+	Workers int
+	// FleetWorkers is the fleet's roll call under
 	// FallbackLocal(n).CountingWorkers(): the Limiters alive that share
 	// the Redis and the prefix; 0 when no Limiter counts workers.
-	Workers int
+	FleetWorkers int
 }
 
 // SetLimit stores lim as the Limit of the first layer of the bucket called
@@ -98,7 +101,7 @@ func (l *Limiter) Status(ctx context.Context, name string) (Status, error) {
 	if err != nil {
 		return Status{}, err
 	}
-	st := Status{Name: name, Override: r.override}
+	st := Status{Name: name, Override: r.override, Workers: r.users}
 	switch {
 	case r.override != nil:
 		st.Limit = *r.override
@@ -133,7 +136,7 @@ func (l *Limiter) Status(ctx context.Context, name string) (Status, error) {
 		if err != nil {
 			return Status{}, l.classify(ctx, err)
 		}
-		st.Workers = int(n)
+		st.FleetWorkers = int(n)
 	}
 	return st, nil
 }

@@ -295,8 +295,8 @@ func TestStatusReports(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st.Limit != lim || math.Abs(st.Tokens+2.8) > 0.3 || st.Queue < 200*time.Millisecond || st.Queue > 300*time.Millisecond || st.Workers != 1 {
-		t.Errorf("status after 8 tokens: %+v; want %v, about -2.8 tokens, a queue of about 280ms, 1 worker in the roll call", st, lim)
+	if st.Limit != lim || math.Abs(st.Tokens+2.8) > 0.3 || st.Queue < 200*time.Millisecond || st.Queue > 300*time.Millisecond || st.Workers != 1 || st.FleetWorkers != 1 {
+		t.Errorf("status after 8 tokens: %+v; want %v, about -2.8 tokens, a queue of about 280ms, 1 worker, 1 in the roll call", st, lim)
 	}
 
 	if err := l.SetLimit(ctx, name, Limit{Rate: 2, Burst: 4}); err != nil {
@@ -453,13 +453,13 @@ func TestControlReadsAreBounded(t *testing.T) {
 // read as a number fails the read rather than passing as no control.
 func TestControlRecordParsing(t *testing.T) {
 	cmd := redis.NewCmd(context.Background())
-	cmd.SetVal([]any{"1000000", "x", "1", "", "", "", "", ""})
+	cmd.SetVal([]any{"1000000", "x", "1", "", "", "", "", "", ""})
 	if _, err := parseControl(cmd); err == nil {
 		t.Error("an override rate of x parsed")
 	}
-	cmd.SetVal([]any{"1000000", "2", "4", "500000", "forever", "10 5", "1700000.5", "900000"})
+	cmd.SetVal([]any{"1000000", "2", "4", "500000", "forever", "10 5", "3", "1700000.5", "900000"})
 	r, err := parseControl(cmd)
-	if err != nil || r.until != -1 || r.override == nil || *r.override != (Limit{Rate: 2, Burst: 4}) || r.seen == nil || r.tat != 1700000 || r.changed != 900000 {
+	if err != nil || r.until != -1 || r.override == nil || *r.override != (Limit{Rate: 2, Burst: 4}) || r.seen == nil || r.users != 3 || r.tat != 1700000 || r.changed != 900000 {
 		t.Errorf("parsed %+v, %v", r, err)
 	}
 }
