@@ -20,8 +20,9 @@ import (
 // time, in a known order, and then lets it go; the next call serves them
 // all. They run on real redis-server processes.
 
-// holdHook holds script calls while the test says so, and counts the
-// script calls that take tokens.
+// holdHook holds the script calls that take tokens while the test says
+// so, and counts them. Other calls (a control record's read, a refund)
+// pass.
 type holdHook struct {
 	mu    sync.Mutex
 	gate  chan struct{} // closed by release; nil: calls pass
@@ -29,7 +30,7 @@ type holdHook struct {
 	takes atomic.Int64
 }
 
-// hold makes the next script calls wait until release.
+// hold makes the next takes wait until release.
 func (h *holdHook) hold() {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -50,9 +51,10 @@ func (h *holdHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 		if n := cmd.Name(); n != "evalsha" && n != "eval" {
 			return next(ctx, cmd)
 		}
-		if args := cmd.Args(); len(args) > 3 && fmt.Sprint(args[3+argInt(args[2])]) == "take" {
-			h.takes.Add(1)
+		if args := cmd.Args(); len(args) <= 3 || fmt.Sprint(args[3+argInt(args[2])]) != "take" {
+			return next(ctx, cmd) // not a take: a control record's read, a refund
 		}
+		h.takes.Add(1)
 		h.mu.Lock()
 		gate, held := h.gate, h.held
 		h.mu.Unlock()
