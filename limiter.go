@@ -200,7 +200,7 @@ func (l *Limiter) acquire(ctx context.Context, name string, n float64, lims []Li
 		return nil, err
 	}
 	if slots == 0 {
-		_, err := l.waitTokens(ctx, &span, b, n, noWait)
+		_, err := l.waitTokens(ctx, &span, &b, n, noWait)
 		return nil, err
 	}
 	if noWait || span.dryRun {
@@ -213,13 +213,13 @@ func (l *Limiter) acquire(ctx context.Context, name string, n float64, lims []Li
 		case err != nil:
 			return nil, err
 		}
-		if _, err := l.waitTokens(ctx, &span, b, n, noWait); err != nil {
+		if _, err := l.waitTokens(ctx, &span, &b, n, noWait); err != nil {
 			slot.Release()
 			return nil, err
 		}
 		return slot, nil
 	}
-	g, err := l.waitTokens(ctx, &span, b, n, false)
+	g, err := l.waitTokens(ctx, &span, &b, n, false)
 	if err != nil {
 		return nil, err
 	}
@@ -230,9 +230,12 @@ func (l *Limiter) acquire(ctx context.Context, name string, n float64, lims []Li
 	return slot, err
 }
 
-// waitTokens waits for n tokens of bucket b and returns the grant of the
-// shared bucket, if it granted them.
-func (l *Limiter) waitTokens(ctx context.Context, span *waitSpan, b bucket, n float64, noWait bool) (grant, error) {
+// waitTokens waits for n tokens of bucket *bp and returns the grant of the
+// shared bucket, if it granted them. When the bucket's control record
+// changes how it is taken before the take is sent, it takes under the
+// change, and leaves *bp as it took from it.
+func (l *Limiter) waitTokens(ctx context.Context, span *waitSpan, bp *bucket, n float64, noWait bool) (grant, error) {
+	b := *bp
 	name := b.name
 	for {
 		if mode := l.breaker.mode(); mode != ModeShared {
@@ -251,6 +254,20 @@ func (l *Limiter) waitTokens(ctx context.Context, span *waitSpan, b bucket, n fl
 		}
 		g, trips, err := l.store.take(ctx, b, n, maxWait)
 		span.trips += trips
+		if err == errRecontrolled {
+			// Its call was held while the Limiter learned of another
+			// Limit or a pause: it takes under them, as if it came now.
+			*bp, _ = b.recontrolled()
+			b = *bp
+			span.limit(b.lims[0])
+			if err := b.checkTokens(n); err != nil {
+				return grant{}, err
+			}
+			if err := l.awaitPause(ctx, span, b, noWait); err != nil {
+				return grant{}, err
+			}
+			continue
+		}
 		if err != nil {
 			if cerr := l.classify(ctx, err); !errors.Is(cerr, ErrUnavailable) {
 				return grant{}, cerr
