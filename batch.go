@@ -66,7 +66,7 @@ type batches struct {
 type flight struct {
 	b     bucket
 	queue []*queuedTake
-	held  bool // its call is held (see holdFor), not yet sent
+	held  *queuedTake // the take that holds its call (see holdFor); nil once sent
 }
 
 // queuedTake is one caller's take, queued behind a call in flight.
@@ -148,14 +148,13 @@ func (bs *batches) join(ctx context.Context, b bucket, n float64, maxWait time.D
 		if bs.flights == nil {
 			bs.flights = make(map[string]flight)
 		}
-		hold = bs.holdFor(key, maxWait)
-		bs.flights[key] = flight{b: b, held: hold > 0}
-		if hold > 0 {
+		if hold = bs.holdFor(key, maxWait); hold > 0 {
 			q = &queuedTake{ctx: ctx, n: n, maxWait: maxWait, state: batched}
 		}
+		bs.flights[key] = flight{b: b, held: q}
 		return key, q, false, hold
 	}
-	if !f.b.same(b) || (f.held && maxWait < time.Until(bs.horizons[key])) {
+	if !f.b.same(b) || (f.held != nil && maxWait < time.Until(bs.horizons[key])) {
 		// Beside the call in flight: b under other Limits, or a take that
 		// cannot wait for the queue of the held call's bucket to end,
 		// which is refused at once instead of after the hold.
@@ -246,7 +245,7 @@ func (bs *batches) gather(key string, lead *queuedTake) []*queuedTake {
 	bs.mu.Lock()
 	defer bs.mu.Unlock()
 	f := bs.flights[key]
-	f.held = false
+	f.held = nil
 	takes := []*queuedTake{lead}
 	i := 0
 	for ; i < len(f.queue) && len(takes) < maxBatch; i++ {

@@ -497,7 +497,7 @@ func (r *batchRig) held(name string) bool {
 	bs := r.l.store.batches
 	bs.mu.Lock()
 	defer bs.mu.Unlock()
-	return bs.flights[key].held
+	return bs.flights[key].held != nil
 }
 
 // setMaxHold sets maxHold for the test.
