@@ -17,18 +17,48 @@ import (
 // all of them (at most maxBatch); the script serves them in that order,
 // each granted or refused on its own. Nobody waits for a batch to fill: a
 // batch is whoever arrived during the call before it.
+//
+// Under a queue that alone shares little: each caller asks again as its
+// grant falls due, one interval of the queue after the one before, far
+// longer than a round trip, so most find no call in flight. So a take that
+// finds no call in flight on a bucket whose queue, as the last reply told,
+// ends ahead of now holds its call for a moment (at most maxHold, and never
+// past the end of that queue, before which its own grant cannot fall due)
+// while the takes that arrive meanwhile queue behind it; then it sends one
+// call for all of them, itself first. A bucket that never makes anyone wait
+// has no queue, and its takes never hold.
 
 // maxBatch bounds the takes one call serves, so that its arguments and its
 // reply stay a few kilobytes; the takes beyond it go in the call after.
 const maxBatch = 256
+
+// maxHold bounds how long a take on a bucket with a queue holds its call
+// for the takes that arrive after it; 0 turns holding off.
+var maxHold = 50 * time.Millisecond
+
+// minHold is the shortest hold worth making: a shorter one gathers nobody.
+const minHold = time.Millisecond
+
+// maxHorizons bounds the buckets whose queue's end a store remembers. An
+// end that has passed is forgotten when next seen, and a store that has
+// maxHorizons of them forgets the ones past, or else an arbitrary one, to
+// make room: however many names a process sees, the map stays small.
+const maxHorizons = 1024
 
 // batches are a store's buckets with a call in flight, by the bucket's key.
 // A bucket has an entry only while a call for it is in flight, so however
 // many names a process sees, the map holds no more entries than there are
 // calls in flight.
 type batches struct {
+	hold bool // takes on a bucket with a queue hold their calls
+
 	mu      sync.Mutex
 	flights map[string]flight
+
+	// horizons are when the queues of buckets end, on this machine's
+	// clock, as the latest reply for each told: when its last grant falls
+	// due. A bucket whose last take was granted at once has none.
+	horizons map[string]time.Time
 }
 
 // flight is a bucket with a call in flight, and the takes queued for the
@@ -36,6 +66,7 @@ type batches struct {
 type flight struct {
 	b     bucket
 	queue []*queuedTake
+	held  *queuedTake // the take that holds its call (see holdFor); nil once sent
 }
 
 // queuedTake is one caller's take, queued behind a call in flight.
@@ -64,25 +95,36 @@ const (
 
 // take is store.take with the sharing: see batches.
 func (bs *batches) take(s *store, ctx context.Context, b bucket, n float64, maxWait time.Duration) (grant, int, error) {
-	key, q, alone := bs.join(ctx, b, n, maxWait)
+	key, q, alone, hold := bs.join(ctx, b, n, maxWait)
 	if q == nil {
 		g, trips, err := s.takeOne(ctx, b, n, maxWait)
 		batchSize(ctx, 1)
 		if !alone {
-			bs.landed(key, s.outage(ctx, err))
+			bs.landed(key, s.outage(ctx, err), horizon(time.Now(), g))
 		}
 		return g, trips, err
 	}
-	select {
-	case <-q.done:
-	case <-ctx.Done():
-		if bs.leave(q) {
-			return grant{}, 0, ctx.Err()
+	if hold > 0 {
+		// q holds the bucket's flight: the takes that arrive meanwhile
+		// queue behind it, and go in its call. A caller gone meanwhile is
+		// not sent (see send).
+		if holdCall(ctx, b, hold) {
+			bs.send(s, key, b, bs.gather(key, q))
+		} else {
+			bs.recall(key, q)
 		}
-		<-q.done // already in a call: its reply decides
-	}
-	if q.lead != nil {
-		bs.send(s, key, b, q.lead)
+	} else {
+		select {
+		case <-q.done:
+		case <-ctx.Done():
+			if bs.leave(q) {
+				return grant{}, 0, ctx.Err()
+			}
+			<-q.done // already in a call: its reply decides
+		}
+		if q.lead != nil {
+			bs.send(s, key, b, q.lead)
+		}
 	}
 	if q.size > 0 {
 		batchSize(ctx, q.size)
@@ -91,10 +133,13 @@ func (bs *batches) take(s *store, ctx context.Context, b bucket, n float64, maxW
 }
 
 // join queues a take of b when a call for b is in flight and returns it.
-// Otherwise it returns nil, and the caller sends its take at once: as b's
-// call in flight, which it must land, or alone, for a bucket of the same
-// key under other Limits, which goes beside the call in flight.
-func (bs *batches) join(ctx context.Context, b bucket, n float64, maxWait time.Duration) (key string, q *queuedTake, alone bool) {
+// Otherwise the take is to hold b's flight: when b has a queue that ends
+// after now but within the take's maxWait, join returns it with how long
+// to hold its call (see holdFor), and it must gather and send the call;
+// with no queue it returns nil, and the caller sends its take at once and
+// must land it. A take of a bucket of the same key under other Limits goes
+// alone, beside the call in flight, and returns nil with alone set.
+func (bs *batches) join(ctx context.Context, b bucket, n float64, maxWait time.Duration) (key string, q *queuedTake, alone bool, hold time.Duration) {
 	key = b.keys[0]
 	bs.mu.Lock()
 	defer bs.mu.Unlock()
@@ -103,16 +148,116 @@ func (bs *batches) join(ctx context.Context, b bucket, n float64, maxWait time.D
 		if bs.flights == nil {
 			bs.flights = make(map[string]flight)
 		}
-		bs.flights[key] = flight{b: b}
-		return key, nil, false
+		if hold = bs.holdFor(key, maxWait); hold > 0 {
+			q = &queuedTake{ctx: ctx, n: n, maxWait: maxWait, state: batched}
+		}
+		bs.flights[key] = flight{b: b, held: q}
+		return key, q, false, hold
 	}
-	if !f.b.same(b) {
-		return key, nil, true
+	if !f.b.same(b) || (f.held != nil && maxWait < time.Until(bs.horizons[key])) {
+		// Beside the call in flight: b under other Limits, or a take that
+		// cannot wait for the queue of the held call's bucket to end,
+		// which is refused at once instead of after the hold.
+		return key, nil, true, 0
 	}
 	q = &queuedTake{ctx: ctx, n: n, maxWait: maxWait, done: make(chan struct{})}
 	f.queue = append(f.queue, q)
 	bs.flights[key] = f
-	return key, q, false
+	return key, q, false, 0
+}
+
+// holdFor returns how long a take that accepts maxWait holds the call of
+// the bucket under key: until the bucket's queue ends, or for maxHold if
+// that is sooner. Its own grant falls due after the queue's end however
+// soon it is sent, so the hold delays nothing. It returns 0 (send at once)
+// when the bucket has no queue, when the hold would be too short to gather
+// anyone, and when the queue ends past maxWait: that take is refused, and
+// at once. It runs with bs.mu held.
+func (bs *batches) holdFor(key string, maxWait time.Duration) time.Duration {
+	if !bs.hold || maxHold <= 0 {
+		return 0
+	}
+	end, ok := bs.horizons[key]
+	if !ok {
+		return 0
+	}
+	ahead := time.Until(end)
+	if ahead <= 0 {
+		delete(bs.horizons, key)
+		return 0
+	}
+	if hold := min(ahead, maxHold); hold >= minHold && ahead <= maxWait {
+		return hold
+	}
+	return 0
+}
+
+// holdCall holds the call of a take of b for hold, or until the take's
+// context ends. It reports false when, meanwhile, the Limiter has learned
+// that b's control record changes how b is taken (another Limit in force,
+// a pause): the takes of the call are not to be sent as they are.
+func holdCall(ctx context.Context, b bucket, hold time.Duration) bool {
+	var replaced <-chan struct{}
+	if b.ctl != nil {
+		replaced = b.ctl.load().replaced
+	}
+	t := time.NewTimer(hold)
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+			_, changed := b.recontrolled()
+			return !changed
+		case <-ctx.Done():
+			return true
+		case <-replaced:
+			if _, changed := b.recontrolled(); changed {
+				return false
+			}
+			replaced = b.ctl.load().replaced
+		}
+	}
+}
+
+// errRecontrolled tells a take's caller that its take was not sent: the
+// bucket's control record changed while its call was held, and the caller
+// is to take again under it (see Limiter.waitTokens).
+var errRecontrolled = errors.New("quota: the bucket's control record changed")
+
+// recall ends the hold of lead, the take holding the flight of the bucket
+// under key, without sending its call: lead and the takes queued behind it
+// fail with errRecontrolled, and the flight lands.
+func (bs *batches) recall(key string, lead *queuedTake) {
+	takes := bs.gather(key, lead)
+	for _, q := range takes {
+		q.err = errRecontrolled
+	}
+	bs.landed(key, nil, horizonOf{})
+	for _, q := range takes[1:] {
+		close(q.done)
+	}
+}
+
+// gather ends the hold of lead, the take holding the flight of the bucket
+// under key, and returns the takes of its call: lead, then those queued
+// behind it, at most maxBatch in all.
+func (bs *batches) gather(key string, lead *queuedTake) []*queuedTake {
+	bs.mu.Lock()
+	defer bs.mu.Unlock()
+	f := bs.flights[key]
+	f.held = nil
+	takes := []*queuedTake{lead}
+	i := 0
+	for ; i < len(f.queue) && len(takes) < maxBatch; i++ {
+		if q := f.queue[i]; q.state == queued {
+			q.state = batched
+			takes = append(takes, q)
+		}
+	}
+	clear(f.queue[:i])
+	f.queue = f.queue[i:]
+	bs.flights[key] = f
+	return takes
 }
 
 // leave takes q out of its queue after its context ended, and reports
@@ -128,13 +273,15 @@ func (bs *batches) leave(q *queuedTake) bool {
 }
 
 // landed is told that the call in flight for the bucket under key has
-// returned. The takes queued meanwhile go in the next call, which the
+// returned, and where its reply put the end of the bucket's queue (see
+// horizon). The takes queued meanwhile go in the next call, which the
 // first of them sends; with none queued the flight ends. When the call
 // found Redis unavailable, the queued takes fail with it instead: sent,
 // they would wait for the same timeout again, and the breaker that the
 // failed call trips serves them at once.
-func (bs *batches) landed(key string, outage error) {
+func (bs *batches) landed(key string, outage error, end horizonOf) {
 	bs.mu.Lock()
+	bs.learn(key, end)
 	f := bs.flights[key]
 	var next []*queuedTake
 	i := 0
@@ -166,6 +313,58 @@ func (bs *batches) landed(key string, outage error) {
 	}
 }
 
+// horizonOf is what a reply tells of the end of its bucket's queue: when
+// the last take it granted falls due, zero when that take was granted at
+// once, and nothing (known false) when it granted none.
+type horizonOf struct {
+	end   time.Time
+	known bool
+}
+
+// horizon returns what the grants of one reply, received at at, in their
+// order, tell of the end of the bucket's queue.
+func horizon(at time.Time, gs ...grant) horizonOf {
+	for i := len(gs) - 1; i >= 0; i-- {
+		if g := gs[i]; g.granted {
+			if g.wait <= 0 {
+				return horizonOf{known: true}
+			}
+			return horizonOf{end: at.Add(g.wait), known: true}
+		}
+	}
+	return horizonOf{}
+}
+
+// learn records the end of the queue of the bucket under key, keeping at
+// most maxHorizons. It runs with bs.mu held.
+func (bs *batches) learn(key string, h horizonOf) {
+	switch {
+	case !h.known:
+		return
+	case h.end.IsZero():
+		delete(bs.horizons, key) // (a no-op on a bucket that never queues)
+		return
+	}
+	if _, ok := bs.horizons[key]; !ok && len(bs.horizons) >= maxHorizons {
+		now := time.Now()
+		for k, end := range bs.horizons {
+			if !end.After(now) {
+				delete(bs.horizons, k)
+			}
+		}
+		for k := range bs.horizons {
+			if len(bs.horizons) < maxHorizons {
+				break
+			}
+			delete(bs.horizons, k)
+		}
+	}
+	if bs.horizons == nil {
+		bs.horizons = make(map[string]time.Time)
+	}
+	bs.horizons[key] = h.end
+}
+
 // send sends the call for takes, the next batch of bucket b under key,
 // gives each take its reply, and lands the call. takes[0] sends it, and
 // reads its own reply when send returns.
@@ -179,6 +378,7 @@ func (bs *batches) send(s *store, key string, b bucket, takes []*queuedTake) {
 		live = append(live, q)
 	}
 	var outage error
+	var end horizonOf
 	switch len(live) {
 	case 0:
 	case 1:
@@ -187,12 +387,23 @@ func (bs *batches) send(s *store, key string, b bucket, takes []*queuedTake) {
 		q.g, q.trips, q.err = s.takeOne(q.ctx, b, q.n, q.acceptable())
 		q.size = 1
 		outage = s.outage(q.ctx, q.err)
+		if q.err == nil {
+			end = horizon(time.Now(), q.g)
+		}
 	default:
 		ctx, cancel := callContext(live)
-		outage = s.outage(ctx, s.takeAll(ctx, b, live))
+		err := s.takeAll(ctx, b, live)
+		outage = s.outage(ctx, err)
 		cancel()
+		if err == nil {
+			gs := make([]grant, len(live))
+			for i, q := range live {
+				gs[i] = q.g
+			}
+			end = horizon(time.Now(), gs...)
+		}
 	}
-	bs.landed(key, outage)
+	bs.landed(key, outage, end)
 	for _, q := range takes[1:] {
 		close(q.done)
 	}

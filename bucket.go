@@ -32,7 +32,11 @@ type bucket struct {
 	keys []string
 	lims []Limit
 	ctl  *controlEntry // what the Limiter read of its control record; nil in none
-	own  Limit         // the first layer's Limit as the caller passed it, under ctl
+
+	// Under a control record: the state whose override lims holds, and
+	// the first layer's Limit as the caller passed it.
+	st     *controlState
+	passed Limit
 }
 
 // bucketKey returns the Redis key of the bucket named name: the prefix,
@@ -112,7 +116,7 @@ func newStore(rdb redis.Scripter, cfg config) *store {
 		s.publish = "SPUBLISH" // stays in the bucket's slot
 	}
 	if !cfg.noBatching {
-		s.batches = new(batches)
+		s.batches = &batches{hold: !cfg.dryRun} // a dry run never delays
 	}
 	s.argv.init(cfg.maxWait)
 	return s

@@ -479,20 +479,34 @@ func (l *Limiter) controlled(ctx context.Context, b bucket) (bucket, error) {
 		}
 		l.breaker.trip(b, err)
 	}
-	own := b.lims[0]
-	b = e.load().apply(b)
-	b.ctl, b.own = e, own
+	st, passed := e.load(), b.lims[0]
+	b = st.apply(b)
+	b.ctl, b.st, b.passed = e, st, passed
 	return b, nil
 }
 
-// recontrolled returns b under the control record as the Limiter knows it
-// now: with the override in force, or the caller's own Limit when there
-// is none.
-func (b bucket) recontrolled() bucket {
+// recontrolled returns b under the state of its control record read last,
+// and whether that state changes how b is taken since b was made: another
+// Limit in force, or a pause in force now.
+func (b bucket) recontrolled() (bucket, bool) {
+	if b.ctl == nil {
+		return b, false
+	}
+	st := b.ctl.load()
+	if st == b.st {
+		return b, false
+	}
+	_, _, paused := st.pausedAt(time.Now())
+	if !paused && st.hasOverride == b.st.hasOverride && (!st.hasOverride || st.override == b.st.override) {
+		return b, false
+	}
 	lims := slices.Clone(b.lims)
-	lims[0] = b.own
-	b.lims = lims
-	return b.ctl.load().apply(b)
+	lims[0] = b.passed
+	nb := b
+	nb.lims = lims
+	nb = st.apply(nb)
+	nb.st = st
+	return nb, true
 }
 
 // awaitPause waits while b is paused, until the pause ends or ctx does.

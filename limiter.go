@@ -200,7 +200,7 @@ func (l *Limiter) acquire(ctx context.Context, name string, n float64, lims []Li
 		return nil, err
 	}
 	if slots == 0 {
-		_, err := l.waitTokens(ctx, &span, b, n, noWait)
+		_, err := l.waitTokens(ctx, &span, &b, n, noWait)
 		return nil, err
 	}
 	if noWait || span.dryRun {
@@ -213,13 +213,13 @@ func (l *Limiter) acquire(ctx context.Context, name string, n float64, lims []Li
 		case err != nil:
 			return nil, err
 		}
-		if _, err := l.waitTokens(ctx, &span, b, n, noWait); err != nil {
+		if _, err := l.waitTokens(ctx, &span, &b, n, noWait); err != nil {
 			slot.Release()
 			return nil, err
 		}
 		return slot, nil
 	}
-	g, err := l.waitTokens(ctx, &span, b, n, false)
+	g, err := l.waitTokens(ctx, &span, &b, n, false)
 	if err != nil {
 		return nil, err
 	}
@@ -230,10 +230,24 @@ func (l *Limiter) acquire(ctx context.Context, name string, n float64, lims []Li
 	return slot, err
 }
 
-// waitTokens waits for n tokens of bucket b and returns the grant of the
-// shared bucket, if it granted them.
-func (l *Limiter) waitTokens(ctx context.Context, span *waitSpan, b bucket, n float64, noWait bool) (grant, error) {
+// waitTokens waits for n tokens of bucket *bp and returns the grant of the
+// shared bucket, if it granted them. When the bucket's control record
+// changes how it is taken before the take is sent, it takes under the
+// change, and leaves *bp as it took from it.
+func (l *Limiter) waitTokens(ctx context.Context, span *waitSpan, bp *bucket, n float64, noWait bool) (grant, error) {
+	b := *bp
 	name := b.name
+	// retake makes b the bucket under its control record as the Limiter
+	// knows it now, and waits for a pause in force.
+	retake := func() error {
+		*bp, _ = b.recontrolled()
+		b = *bp
+		span.limit(b.lims[0])
+		if err := b.checkTokens(n); err != nil {
+			return err
+		}
+		return l.awaitPause(ctx, span, b, noWait)
+	}
 	for {
 		if mode := l.breaker.mode(); mode != ModeShared {
 			span.mode = mode
@@ -251,6 +265,14 @@ func (l *Limiter) waitTokens(ctx context.Context, span *waitSpan, b bucket, n fl
 		}
 		g, trips, err := l.store.take(ctx, b, n, maxWait)
 		span.trips += trips
+		if err == errRecontrolled {
+			// Its call was held while the Limiter learned of another
+			// Limit or a pause: it takes under them, as if it came now.
+			if err := retake(); err != nil {
+				return grant{}, err
+			}
+			continue
+		}
 		if err != nil {
 			if cerr := l.classify(ctx, err); !errors.Is(cerr, ErrUnavailable) {
 				return grant{}, cerr
@@ -279,7 +301,9 @@ func (l *Limiter) waitTokens(ctx context.Context, span *waitSpan, b bucket, n fl
 				if err == errOutpaced {
 					// Taken at the old pace after a change to a slower
 					// one: take again, at the pace now in force.
-					b = b.recontrolled()
+					if err := retake(); err != nil {
+						return grant{}, err
+					}
 					continue
 				}
 				if err == ErrWouldExceedDeadline {

@@ -113,10 +113,14 @@ func WithNoWait() Option {
 // queue in arrival order, and all of them go in the next call when it
 // returns (at most 256 a call): one Redis command serves them, each granted
 // or refused on its own, in its place in the queue, its deadline counted
-// from its own call. The shared call runs in the first caller's context, so
-// a Redis tracing hook nests it under that caller's wait span; every wait
-// span carries the size of its batch. WithBatching(false) makes every
-// acquisition a call of its own.
+// from its own call. On a bucket with a queue, where callers ask again one
+// interval apart, a caller that finds no call in flight holds its call for
+// up to 50 ms, never past the end of the queue (before which its own grant
+// cannot fall due), so that the callers arriving meanwhile go in it; a
+// bucket that never makes anyone wait never holds. The shared call runs in
+// the first caller's context, so a Redis tracing hook nests it under that
+// caller's wait span; every wait span carries the size of its batch.
+// WithBatching(false) makes every acquisition a call of its own.
 func WithBatching(on bool) Option {
 	return optionFunc(func(c *config) { c.noBatching = !on })
 }

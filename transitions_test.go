@@ -74,6 +74,24 @@ func dueOf(at time.Time, reply any) (time.Time, bool) {
 	return time.Time{}, false
 }
 
+// placed reports whether caller i of the bucket called name has its place:
+// first, closed on its first reply, is, or its take holds the bucket's
+// call or is queued behind the call in flight.
+func placed(l *Limiter, name string, i int, first chan struct{}) bool {
+	select {
+	case <-first:
+		return true
+	default:
+	}
+	key, _ := bucketKey(l.cfg.prefix, name)
+	bs := l.store.batches
+	bs.mu.Lock()
+	defer bs.mu.Unlock()
+	f := bs.flights[key]
+	is := func(q *queuedTake) bool { return q != nil && q.ctx.Value(callerKey{}) == i }
+	return is(f.held) || slices.ContainsFunc(f.queue, is)
+}
+
 // TestOverloadKeepsFirstComeFirstServed: 150 callers on 20/s queue for
 // 7.5 s, longer than MaxWait; every caller's context allows 30 s, so each
 // gets its place at once and keeps it.
@@ -117,7 +135,12 @@ func TestOverloadKeepsFirstComeFirstServed(t *testing.T) {
 			errs[i] = l.Wait(ctx, "overload", lim)
 			done[i] = time.Now()
 		})
-		<-first[i] // the next caller reaches Redis after this one
+		// The next caller reaches Redis after this one: it starts once this
+		// one has its reply, or holds its bucket's call, or is queued
+		// behind a call, where the next one queues after it.
+		for !placed(l, "overload", i, first[i]) {
+			time.Sleep(100 * time.Microsecond)
+		}
 	}
 	wg.Wait()
 	t.Logf("%d callers on %v: a queue of %v, all served in %v", callers, lim, queue, time.Since(start).Round(time.Millisecond))
