@@ -158,7 +158,7 @@ func TestShortRun(t *testing.T) {
 	// The targets: one line each, and those the short run can judge met.
 	text := out.String()
 	ts := targets(cfg, results)
-	if want := 4 + len(cfg.swarms); len(ts) != want {
+	if want := 5 + len(cfg.swarms); len(ts) != want {
 		t.Errorf("%d targets, want %d", len(ts), want)
 	}
 	for _, tg := range ts {
