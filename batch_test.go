@@ -734,6 +734,11 @@ func TestBatchSpans(t *testing.T) {
 	tel := newTelemetry(t)
 	r := newBatchRig(t, tel.options()...)
 	lim := Limit{Rate: 1000, Burst: 1}
+	// The bucket's control record is read before: the takes are the
+	// spans' only round trips.
+	if _, _, err := r.l.controls.entry(context.Background(), mustBucket(t, "spans", lim), true); err != nil {
+		t.Fatal(err)
+	}
 	r.hold.hold()
 	for range 4 {
 		r.start("spans", 0, 1, lim)
@@ -759,4 +764,14 @@ func TestBatchSpans(t *testing.T) {
 	if sizes[1] != 1 || sizes[3] != 3 {
 		t.Errorf("quota.batch.size over the spans: %v, want one span of 1 (the held call) and three of 3", sizes)
 	}
+}
+
+// mustBucket returns the bucket called name with layers lims.
+func mustBucket(t *testing.T, name string, lims ...Limit) bucket {
+	t.Helper()
+	b, err := newBucket(DefaultPrefix, name, lims)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
 }

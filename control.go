@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel/trace"
 )
 
 //go:embed control.lua
@@ -180,7 +181,7 @@ func newControls(rdb redis.Scripter, cfg config) *controls {
 // for it. shared tells whether Redis is healthy; while it is not, the
 // entry is used as last read, and read when Redis is back. The error is
 // that of a read that failed.
-func (c *controls) entry(ctx context.Context, b bucket, shared bool) (*controlEntry, error) {
+func (c *controls) entry(ctx context.Context, b bucket, shared bool) (_ *controlEntry, sent bool, _ error) {
 	now := time.Now().UnixNano()
 	touch(&c.lastUse, now)
 	key := b.keys[0]
@@ -198,16 +199,17 @@ func (c *controls) entry(ctx context.Context, b bucket, shared bool) (*controlEn
 	readAt := e.read.Load()
 	switch {
 	case !shared || now-readAt < int64(controlRefresh):
-		return e, nil
+		return e, false, nil
 	case listening && readAt != 0:
 		// Read again in the background, once: what was read stands
 		// meanwhile.
 		if e.read.CompareAndSwap(readAt, now) {
 			go c.refresh(e)
 		}
-		return e, nil
+		return e, false, nil
 	}
-	return e, c.readNow(ctx, e)
+	sent, err := c.readNow(ctx, e)
+	return e, sent, err
 }
 
 // touch records now in t unless t holds a time less than a second older:
@@ -262,16 +264,16 @@ func (c *controls) evict() {
 }
 
 // readNow reads e's record unless a read is in flight, in which case it
-// waits for that one.
-func (c *controls) readNow(ctx context.Context, e *controlEntry) error {
+// waits for that one. sent tells whether it sent a read of its own.
+func (c *controls) readNow(ctx context.Context, e *controlEntry) (sent bool, _ error) {
 	e.mu.Lock()
 	if done := e.reading; done != nil {
 		e.mu.Unlock()
 		select {
 		case <-done:
-			return nil
+			return false, nil
 		case <-ctx.Done():
-			return ctx.Err()
+			return false, ctx.Err()
 		}
 	}
 	done := make(chan struct{})
@@ -287,7 +289,7 @@ func (c *controls) readNow(ctx context.Context, e *controlEntry) error {
 	if again {
 		go c.refresh(e)
 	}
-	return err
+	return true, err
 }
 
 // refresh reads e's record in the background. When a read is in flight,
@@ -301,9 +303,9 @@ func (c *controls) refresh(e *controlEntry) {
 		return
 	}
 	e.mu.Unlock()
-	ctx, cancel := context.WithTimeout(context.Background(), controlReadFor)
+	ctx, cancel := context.WithTimeout(untraced(), controlReadFor)
 	defer cancel()
-	_ = c.readNow(ctx, e)
+	_, _ = c.readNow(ctx, e)
 }
 
 // read reads e's record, records the Limit the Limiter's callers pass
@@ -342,7 +344,7 @@ func (c *controls) listen() {
 		return
 	}
 	c.listening = true
-	c.sub = s.Subscribe(context.Background(), c.prefix+controlChannel)
+	c.sub = s.Subscribe(untraced(), c.prefix+controlChannel)
 	sub := c.sub
 	c.mu.Unlock()
 
@@ -465,13 +467,32 @@ func (r record) state(sent time.Time) *controlState {
 	return st
 }
 
+// untraced returns the context of the Limiter's own calls to Redis that
+// serve no one request: the background reads of control records and the
+// subscription to their announcements. Its parent span is one that is not
+// sampled, so that a tracing hook that samples by the parent (the
+// OpenTelemetry SDK's default) records none of them, rather than a trace
+// of its own for each read, every second, of every bucket in use.
+func untraced() context.Context {
+	var tid trace.TraceID
+	var sid trace.SpanID
+	_, _ = rand.Read(tid[:])
+	_, _ = rand.Read(sid[:])
+	return trace.ContextWithRemoteSpanContext(context.Background(),
+		trace.NewSpanContext(trace.SpanContextConfig{TraceID: tid, SpanID: sid, Remote: true}))
+}
+
 // controlled returns b under its control record: with the override as its
 // first layer's Limit, and the entry that tells of its pauses. A record
 // that cannot be read because Redis is unavailable leaves b as it was read
 // last, and the breaker learns of the outage; any other failure to read
-// it is the caller's error.
-func (l *Limiter) controlled(ctx context.Context, b bucket) (bucket, error) {
-	e, err := l.controls.entry(ctx, b, l.breaker.mode() == ModeShared)
+// it is the caller's error. A read of the record counts among the span's
+// round trips.
+func (l *Limiter) controlled(ctx context.Context, span *waitSpan, b bucket) (bucket, error) {
+	e, sent, err := l.controls.entry(ctx, b, l.breaker.mode() == ModeShared)
+	if sent {
+		span.trips++
+	}
 	if err != nil {
 		cerr := l.classify(ctx, err)
 		if !errors.Is(cerr, ErrUnavailable) {

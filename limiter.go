@@ -184,7 +184,7 @@ func (l *Limiter) acquire(ctx context.Context, name string, n float64, lims []Li
 	if err != nil {
 		return nil, err
 	}
-	if b, err = l.controlled(ctx, b); err != nil {
+	if b, err = l.controlled(ctx, &span, b); err != nil {
 		return nil, err
 	}
 	span.limit(b.lims[0])
@@ -316,7 +316,11 @@ func (l *Limiter) waitTokens(ctx context.Context, span *waitSpan, bp *bucket, n 
 		if g.wait > pausedForever && b.ctl != nil && !noWait && !span.dryRun {
 			// The bucket was paused with no end after this caller left
 			// awaitPause: it waits for the pause as the callers after it.
-			if err := l.controls.readNow(ctx, b.ctl); err != nil {
+			sent, err := l.controls.readNow(ctx, b.ctl)
+			if sent {
+				span.trips++
+			}
+			if err != nil {
 				return grant{}, l.classify(ctx, err)
 			}
 			if err := l.awaitPause(ctx, span, b, false); err != nil {

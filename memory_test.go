@@ -32,7 +32,7 @@ func TestFloodOfHostsExpires(t *testing.T) {
 	}
 	before := usedMemory(t, admin)
 
-	const hosts = 100_000
+	const hosts = 50_000
 	lim := Limit{Rate: 0.1, Burst: 1} // full again, and gone, 10s after a take
 	names := make(chan string, 1024)
 	var wg sync.WaitGroup

@@ -192,7 +192,7 @@ func (l *Limiter) operate(ctx context.Context, name, op string, args ...any) (re
 		e := l.controls.m[key]
 		l.controls.mu.RUnlock()
 		if e != nil {
-			_ = l.controls.readNow(ctx, e)
+			_, _ = l.controls.readNow(ctx, e)
 		}
 	}
 	return r, nil
