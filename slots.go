@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"strings"
 	"sync"
@@ -71,6 +72,7 @@ type slots struct {
 	lease   time.Duration // of each slot and each waiter
 	id      string        // this Limiter's, the prefix of its ids
 	seq     atomic.Uint64
+	logger  *slog.Logger
 
 	mu sync.Mutex
 	m  map[string]*slotSet // by the bucket's key
@@ -83,6 +85,7 @@ type slotSet struct {
 	n        int      // the slots the bucket has, as last asked
 	users    int      // acquisitions under way
 	held     map[string]struct{}
+	lost     map[string]struct{}  // of held: Redis no longer knows them
 	waiting  map[string]chan bool // true: granted; false: ask again
 	renewing bool                 // the renewal loop runs
 	sub      *redis.PubSub        // nil until subscribed, or beyond maxSubscriptions
@@ -99,6 +102,7 @@ func newSlots(rdb redis.Scripter, cfg config) *slots {
 		publish: "PUBLISH",
 		lease:   cfg.slotLease,
 		id:      hex.EncodeToString(id[:]),
+		logger:  cfg.logger,
 	}
 	if _, ok := rdb.(*redis.ClusterClient); ok {
 		s.publish = "SPUBLISH"
@@ -252,6 +256,7 @@ func (s *slots) cancel(set *slotSet, id string) {
 	_, granted := set.held[id]
 	delete(set.waiting, id)
 	delete(set.held, id)
+	delete(set.lost, id)
 	s.mu.Unlock()
 	op := "cancel"
 	if granted {
@@ -264,6 +269,7 @@ func (s *slots) cancel(set *slotSet, id string) {
 func (s *slots) release(set *slotSet, id string) {
 	s.mu.Lock()
 	delete(set.held, id)
+	delete(set.lost, id)
 	s.mu.Unlock()
 	s.background(set, "release", id)
 }
@@ -377,23 +383,37 @@ func (s *slots) renew(set *slotSet, next time.Duration) {
 	go s.renewLoop(set, next)
 }
 
+// The states of an id in the reply of a renewal (slots.lua).
+const (
+	slotUnknown = -1 // Redis lost it
+	slotWaits   = 0
+	slotHolds   = 1
+)
+
 // renewLoop renews the leases of the set's ids every quarter lease, and
 // sooner while callers wait: when the first lease held ends, so that a
 // dead holder's slot comes back as its lease ends. A waiter that a renewal
-// finds holding a slot gets it, should its announcement have been lost.
-// When Redis is unavailable, the waiters go to the policy.
+// finds holding a slot gets it, should its announcement have been lost. A
+// waiter that Redis lost is queued again by the renewal itself, at the
+// end of the queue, and keeps waiting; a holder that Redis lost keeps its
+// slot, since nothing can be undone, and is logged once and no longer
+// renewed. When Redis is unavailable, the waiters go to the policy.
 func (s *slots) renewLoop(set *slotSet, next time.Duration) {
 	for {
 		time.Sleep(min(max(next, time.Millisecond), s.lease/4))
 		s.mu.Lock()
-		ids := make([]string, 0, len(set.held)+len(set.waiting))
+		// "h", then the h ids held, then those awaited.
+		ids := make([]string, 1, 1+len(set.held)+len(set.waiting))
 		for id := range set.held {
-			ids = append(ids, id)
+			if _, lost := set.lost[id]; !lost {
+				ids = append(ids, id)
+			}
 		}
+		ids[0] = strconv.Itoa(len(ids) - 1)
 		for id := range set.waiting {
 			ids = append(ids, id)
 		}
-		if len(ids) == 0 {
+		if len(ids) == 1 {
 			set.renewing = false
 			s.mu.Unlock()
 			return
@@ -415,14 +435,51 @@ func (s *slots) renewLoop(set *slotSet, next time.Duration) {
 			if us, ok := v[0].(int64); ok {
 				next = time.Duration(us)*time.Microsecond + time.Millisecond
 			}
-			var held []string
-			for _, x := range v[1:] {
-				if id, ok := x.(string); ok {
-					held = append(held, id)
+		}
+		// The states of the ids, in the order sent, after the hint.
+		h, _ := strconv.Atoi(ids[0])
+		var held, lost []string
+		for i := 1; i < len(v) && i < len(ids); i++ {
+			switch v[i] {
+			case int64(slotHolds):
+				held = append(held, ids[i])
+			case int64(slotUnknown):
+				if i <= h {
+					lost = append(lost, ids[i])
 				}
 			}
-			s.granted(set, held)
 		}
+		s.granted(set, held)
+		s.lostHolders(set, lost)
+	}
+}
+
+// lostHolders notes the ids held here that Redis no longer knows of: their
+// slots may be taken by others while they are still held, so that the
+// bucket has more in use than it has slots until they are released.
+func (s *slots) lostHolders(set *slotSet, ids []string) {
+	if len(ids) == 0 {
+		return
+	}
+	s.mu.Lock()
+	count := 0
+	for _, id := range ids {
+		if _, ok := set.held[id]; !ok {
+			continue // released meanwhile
+		}
+		if set.lost == nil {
+			set.lost = make(map[string]struct{})
+		}
+		set.lost[id] = struct{}{}
+		count++
+	}
+	s.mu.Unlock()
+	if count > 0 && s.logger != nil {
+		s.logger.LogAttrs(context.Background(), slog.LevelWarn,
+			"quota: Redis lost concurrency slots held here; the bucket may have more in use than it has slots until they are released",
+			slog.String("bucket", set.b.name),
+			slog.Int("slots", count),
+		)
 	}
 }
 

@@ -17,8 +17,9 @@
 -- ARGV[3]   the lease, in microseconds.
 -- ARGV[4]   the command that announces hand-offs, PUBLISH or SPUBLISH
 --           (Cluster), or "" for none.
--- ARGV[5..] ids: acquire, try and cancel take one; release and renew any
---           number.
+-- ARGV[5..] ids: acquire, try and cancel take one; release any number.
+--           renew takes h, then ids: the first h the caller holds, the
+--           rest it waits for.
 --
 -- Replies:
 --   acquire  {1, 0} when a slot was free and nobody waits: the id holds it;
@@ -30,10 +31,15 @@
 --            queue's head.
 --   cancel   1 when the id held a slot (handed to it while it gave up),
 --            which is released; 0 when it left the queue.
---   renew    {hint, held...}: every id's lease is renewed, whether it
---            holds or waits, and held lists those of the ids that hold a
---            slot, so that a waiter whose announcement was lost learns
---            that it holds one.
+--   renew    {hint, state...}: every id's lease is renewed, whether it
+--            holds or waits, and state tells of each id, in order, whether
+--            it holds a slot (1), waits (0) or is unknown to Redis (-1), so
+--            that a waiter whose announcement was lost learns that it holds
+--            one. Redis may have lost an id (a restart without persistence,
+--            a failover, FLUSHALL, or a stall longer than its lease): a
+--            waiter it lost joins the queue again at its end, as a new
+--            arrival would, or takes a free slot; a holder it lost is
+--            reported unknown and not held again.
 --
 -- Every key expires when the last lease it holds ends.
 
@@ -123,16 +129,31 @@ elseif op == 'cancel' then
     reply = 1
   end
 elseif op == 'renew' then
-  for i = 5, #ARGV do
-    redis.call('ZADD', held, 'XX', now + lease, ARGV[i])
-    redis.call('ZADD', waiting, 'XX', now + lease, ARGV[i])
+  local h = tonumber(ARGV[5])
+  for i = 6, #ARGV do
+    local id = ARGV[i]
+    if redis.call('ZSCORE', held, id) then
+      redis.call('ZADD', held, now + lease, id)
+    elseif i > 5 + h then
+      if not redis.call('ZSCORE', waiting, id) then
+        -- A waiter Redis lost queues again at the end, where a stale
+        -- place of its own (its lease ended) would not put it ahead.
+        redis.call('LREM', queue, 0, id)
+        redis.call('RPUSH', queue, id)
+      end
+      redis.call('ZADD', waiting, now + lease, id)
+    end
   end
   dispatch()
   reply = {hint()}
-  for i = 5, #ARGV do
+  for i = 6, #ARGV do
+    local state = -1
     if redis.call('ZSCORE', held, ARGV[i]) then
-      reply[#reply + 1] = ARGV[i]
+      state = 1
+    elseif redis.call('ZSCORE', waiting, ARGV[i]) then
+      state = 0
     end
+    reply[#reply + 1] = state
   end
 else
   return redis.error_reply('quota: unknown slot operation ' .. tostring(op))

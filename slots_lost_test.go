@@ -1,0 +1,195 @@
+package quota
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sharedquota/quota/internal/redistest"
+)
+
+// acquireAsync acquires a slot of the bucket called name in the background
+// and sends the result once it is in hand.
+func acquireAsync(ctx context.Context, l *Limiter, name string, n int) <-chan slotResult {
+	ch := make(chan slotResult, 1)
+	go func() {
+		s, err := l.AcquireSlot(ctx, name, n)
+		ch <- slotResult{s, err}
+	}()
+	return ch
+}
+
+type slotResult struct {
+	slot *Slot
+	err  error
+}
+
+// TestForgottenWaiterQueuesAgain: Redis forgets a waiter (FLUSHALL) while
+// its slot is held; the holder's release finds nothing and a newcomer
+// arrives. The forgotten waiter must find out within a lease and queue
+// again, so that it is served once the newcomer is done.
+func TestForgottenWaiterQueuesAgain(t *testing.T) {
+	const lease = time.Second
+	rdb := newServerClient(t)
+	l := NewLimiter(rdb, WithSlotLease(lease), WithLogger(discardLogger()))
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	first, err := l.AcquireSlot(ctx, "forgotten", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	second := acquireAsync(ctx, l, "forgotten", 1)
+	eventually(t, 5*time.Second, "the second caller queued", func() bool {
+		_, w := slotsHeld(t, rdb, "forgotten")
+		return w == 1
+	})
+	if err := rdb.FlushAll(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	flushed := time.Now()
+	first.Release()
+	var inUse, peak atomic.Int32
+	use := func(s *Slot, d time.Duration) {
+		if n := inUse.Add(1); n > peak.Load() {
+			peak.Store(n)
+		}
+		time.Sleep(d)
+		inUse.Add(-1)
+		s.Release()
+	}
+	third := acquireAsync(ctx, l, "forgotten", 1)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		r := <-third
+		if r.err != nil {
+			t.Error("the third caller:", r.err)
+			return
+		}
+		use(r.slot, 200*time.Millisecond)
+	}()
+	select {
+	case r := <-second:
+		if r.err != nil {
+			t.Fatal("the second caller:", r.err)
+		}
+		waited := time.Since(flushed)
+		use(r.slot, 0)
+		// One lease to find out, the third caller's 200ms, and slack.
+		if waited > 2*lease+500*time.Millisecond {
+			t.Errorf("the forgotten waiter got its slot %v after Redis forgot it, want within about a lease", waited)
+		}
+	case <-time.After(4 * lease):
+		t.Fatalf("the forgotten waiter still waits %v after Redis forgot it", 4*lease)
+	}
+	<-done
+	if peak.Load() > 1 {
+		t.Errorf("%d callers held the bucket's one slot at once", peak.Load())
+	}
+	if m := l.Mode(); m != ModeShared {
+		t.Errorf("mode %v, want shared: the slots came from Redis", m)
+	}
+}
+
+// TestForgottenWaiterTakesAFreeSlot: Redis restarts empty while a caller
+// waits, and the slot is free once the holder releases. The waiter must
+// take it within about a lease.
+func TestForgottenWaiterTakesAFreeSlot(t *testing.T) {
+	const lease = time.Second
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	l := NewLimiter(rdb, WithSlotLease(lease), WithLogger(discardLogger()))
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	first, err := l.AcquireSlot(ctx, "restarted", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	second := acquireAsync(ctx, l, "restarted", 1)
+	eventually(t, 5*time.Second, "the second caller queued", func() bool {
+		_, w := slotsHeld(t, rdb, "restarted")
+		return w == 1
+	})
+	srv.Restart()
+	restarted := time.Now()
+	first.Release()
+	select {
+	case r := <-second:
+		if r.err != nil {
+			t.Fatal("the second caller:", r.err)
+		}
+		defer r.slot.Release()
+		if waited := time.Since(restarted); waited > lease+500*time.Millisecond {
+			t.Errorf("the forgotten waiter got the free slot %v after the restart, want within about a lease", waited)
+		}
+	case <-time.After(4 * lease):
+		t.Fatalf("the forgotten waiter still waits %v after the restart", 4*lease)
+	}
+	if h, w := slotsHeld(t, rdb, "restarted"); h != 1 || w != 0 {
+		t.Errorf("Redis counts %d held and %d waiting, want the waiter holding its slot", h, w)
+	}
+	if m := l.Mode(); m != ModeShared {
+		t.Errorf("mode %v, want shared", m)
+	}
+}
+
+// TestRenewQueuesALapsedWaiterAtTheEnd: a waiter whose lease lapsed while
+// its process stalled joins the queue again at its end, behind a caller
+// that came meanwhile, as a new arrival would.
+func TestRenewQueuesALapsedWaiterAtTheEnd(t *testing.T) {
+	rdb := newServerClient(t)
+	ctx := context.Background()
+	key, _ := bucketKey(DefaultPrefix, "lapsed")
+	keys := []string{key + slotsHeldSuffix, key + slotsWaitingSuffix, key + slotsQueueSuffix}
+	script := redis.NewScript(slotsSource)
+	run := func(op string, ids ...string) []any {
+		t.Helper()
+		args := []any{op, 1, time.Minute.Microseconds(), ""}
+		for _, id := range ids {
+			args = append(args, id)
+		}
+		v, err := script.Run(ctx, rdb, keys, args...).Slice()
+		if err != nil {
+			t.Fatal(op, err)
+		}
+		return v
+	}
+	run("acquire", "holder")
+	run("acquire", "stalled")
+	// The stalled waiter's lease ends; its place in the queue is left.
+	if err := rdb.ZRem(ctx, keys[1], "stalled").Err(); err != nil {
+		t.Fatal(err)
+	}
+	run("acquire", "newcomer")
+	// The holder's process renews one held id and one waiting id.
+	v := run("renew", "1", "holder", "stalled")
+	if len(v) != 3 || v[1] != int64(slotHolds) || v[2] != int64(slotWaits) {
+		t.Errorf("renew replied %v, want {hint, holds, waits}", v)
+	}
+	queue, err := rdb.LRange(ctx, keys[2], 0, -1).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Join(queue, " ") != "newcomer stalled" {
+		t.Errorf("queue %q, want the newcomer, then the lapsed waiter", queue)
+	}
+	if w, _ := rdb.ZScore(ctx, keys[1], "stalled").Result(); w == 0 {
+		t.Error("the lapsed waiter has no lease again")
+	}
+	// A holder Redis forgot is reported, not held again.
+	if err := rdb.ZRem(ctx, keys[0], "holder").Err(); err != nil {
+		t.Fatal(err)
+	}
+	v = run("renew", "1", "holder", "stalled")
+	if len(v) != 3 || v[1] != int64(slotUnknown) {
+		t.Errorf("renew replied %v, want the forgotten holder unknown", v)
+	}
+	if err := rdb.ZScore(ctx, keys[0], "holder").Err(); !errors.Is(err, redis.Nil) {
+		t.Errorf("the forgotten holder holds again: %v", err)
+	}
+}
