@@ -83,10 +83,14 @@ func (l *Limiter) acquireSlot(ctx context.Context, span *waitSpan, b bucket, n i
 				l.slots.release(set, id)
 				l.obs.slotHeld(ModeShared, b.name, -1)
 			}}, nil
-		case err == errAskAgain:
-			continue // Redis failed while the caller waited
 		case err == errNoSlot:
 			return nil, err
+		}
+		var abandoned *abandonedError
+		if errors.As(err, &abandoned) {
+			// A renewal failed while the caller waited: the policy serves.
+			l.breaker.trip(b, abandoned.cause)
+			continue
 		}
 		if cerr := l.classify(ctx, err); !errors.Is(cerr, ErrUnavailable) {
 			return nil, cerr

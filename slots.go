@@ -86,7 +86,8 @@ type slotSet struct {
 	users    int      // acquisitions under way
 	held     map[string]struct{}
 	lost     map[string]struct{}  // of held: Redis no longer knows them
-	waiting  map[string]chan bool // true: granted; false: ask again
+	waiting  map[string]chan bool // true: granted; false: abandoned
+	cause    error                // why the waiters were last abandoned
 	renewing bool                 // the renewal loop runs
 	sub      *redis.PubSub        // nil until subscribed, or beyond maxSubscriptions
 	ready    chan struct{}        // closed once the subscription is confirmed or failed
@@ -224,7 +225,10 @@ func (s *slots) acquire(ctx context.Context, b bucket, n int, try bool) (*slotSe
 	case ok := <-granted:
 		if !ok {
 			s.forget(set, id)
-			return nil, "", errAskAgain // Redis is unavailable: the policy serves
+			s.mu.Lock()
+			cause := set.cause
+			s.mu.Unlock()
+			return nil, "", &abandonedError{cause} // the policy serves
 		}
 		return set, id, nil
 	case <-ctx.Done():
@@ -397,7 +401,8 @@ const (
 // waiter that Redis lost is queued again by the renewal itself, at the
 // end of the queue, and keeps waiting; a holder that Redis lost keeps its
 // slot, since nothing can be undone, and is logged once and no longer
-// renewed. When Redis is unavailable, the waiters go to the policy.
+// renewed. When Redis is unavailable, the waiters go to the policy
+// (abandon).
 func (s *slots) renewLoop(set *slotSet, next time.Duration) {
 	for {
 		time.Sleep(min(max(next, time.Millisecond), s.lease/4))
@@ -427,7 +432,7 @@ func (s *slots) renewLoop(set *slotSet, next time.Duration) {
 		next = s.lease / 4
 		if err != nil {
 			if errors.Is(classify(context.Background(), err, s.cluster()), ErrUnavailable) {
-				s.abandon(set)
+				s.abandon(set, err)
 			}
 			continue
 		}
@@ -483,13 +488,53 @@ func (s *slots) lostHolders(set *slotSet, ids []string) {
 	}
 }
 
-// abandon sends the set's waiters to the policy: Redis is unavailable.
-func (s *slots) abandon(set *slotSet) {
+// An abandonedError is the answer to a waiter that a renewal abandoned
+// because Redis is unavailable: the breaker is to trip, and the policy to
+// serve.
+type abandonedError struct{ cause error }
+
+func (e *abandonedError) Error() string { return "quota: slot renewal failed: " + e.cause.Error() }
+func (e *abandonedError) Unwrap() error { return e.cause }
+
+// abandon sends the set's waiters to the policy, Redis being unavailable
+// (cause), and takes their ids out of the queue in the background, so that
+// once Redis answers they do not take the slots released for callers that
+// wait. Should that fail, the ids leave with their leases.
+func (s *slots) abandon(set *slotSet, cause error) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	ids := make([]string, 0, len(set.waiting))
 	for id, ch := range set.waiting {
 		delete(set.waiting, id)
+		ids = append(ids, id)
+		set.cause = cause
 		ch <- false
+	}
+	n := set.n
+	s.mu.Unlock()
+	if len(ids) > 0 {
+		go s.cancelAll(set, n, ids)
+	}
+}
+
+// cancelAll cancels ids, that nobody here waits for any longer, trying
+// again with backoff until their leases end, then lets the set go if
+// nothing else uses it.
+func (s *slots) cancelAll(set *slotSet, n int, ids []string) {
+	defer s.done(set)
+	end := time.Now().Add(s.lease) // when their leases end at the latest
+	backoff := probeMinBackoff
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), min(time.Until(end), releaseTimeout))
+		err := s.run(ctx, set, n, "cancel", ids...).Err()
+		cancel()
+		if err == nil || !errors.Is(classify(context.Background(), err, s.cluster()), ErrUnavailable) {
+			return
+		}
+		if time.Until(end) < backoff {
+			return
+		}
+		time.Sleep(backoff)
+		backoff = min(2*backoff, probeMaxBackoff)
 	}
 }
 

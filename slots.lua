@@ -17,7 +17,7 @@
 -- ARGV[3]   the lease, in microseconds.
 -- ARGV[4]   the command that announces hand-offs, PUBLISH or SPUBLISH
 --           (Cluster), or "" for none.
--- ARGV[5..] ids: acquire, try and cancel take one; release any number.
+-- ARGV[5..] ids: acquire and try take one; release and cancel any number.
 --           renew takes h, then ids: the first h the caller holds, the
 --           rest it waits for.
 --
@@ -29,8 +29,8 @@
 --   try      {1, 0} as acquire, or {0, 0}: nothing changed.
 --   release  the number of ids that held a slot; their slots go to the
 --            queue's head.
---   cancel   1 when the id held a slot (handed to it while it gave up),
---            which is released; 0 when it left the queue.
+--   cancel   the number of ids that held a slot (handed to them while
+--            they gave up), which are released; the others left the queue.
 --   renew    {hint, state...}: every id's lease is renewed, whether it
 --            holds or waits, and state tells of each id, in order, whether
 --            it holds a slot (1), waits (0) or is unknown to Redis (-1), so
@@ -120,14 +120,19 @@ elseif op == 'release' then
   dispatch()
   reply = count
 elseif op == 'cancel' then
-  local id = ARGV[5]
-  reply = 0
-  if redis.call('ZREM', waiting, id) == 1 then
-    redis.call('LREM', queue, 1, id)
-  elseif redis.call('ZREM', held, id) == 1 then
-    dispatch()
-    reply = 1
+  local count = 0
+  for i = 5, #ARGV do
+    local id = ARGV[i]
+    if redis.call('ZREM', waiting, id) == 1 then
+      redis.call('LREM', queue, 1, id)
+    elseif redis.call('ZREM', held, id) == 1 then
+      count = count + 1
+    end
   end
+  if count > 0 then
+    dispatch()
+  end
+  reply = count
 elseif op == 'renew' then
   local h = tonumber(ARGV[5])
   for i = 6, #ARGV do

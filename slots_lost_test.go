@@ -193,3 +193,74 @@ func TestRenewQueuesALapsedWaiterAtTheEnd(t *testing.T) {
 		t.Errorf("the forgotten holder holds again: %v", err)
 	}
 }
+
+// failRenewals is a hook that fails the next renewals of slots, as if
+// Redis were unreachable for them, while every other call goes through.
+type failRenewals struct{ left atomic.Int32 }
+
+func (*failRenewals) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (f *failRenewals) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		args := cmd.Args()
+		name := strings.ToLower(cmd.Name())
+		if (name == "evalsha" || name == "eval") && len(args) > 6 && args[6] == "renew" && f.left.Add(-1) >= 0 {
+			err := errors.New("injected: connection reset by peer")
+			cmd.SetErr(err)
+			return err
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (*failRenewals) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// TestAbandonedWaitersLeaveTheQueue: a renewal fails as unavailable, so
+// the Limiter sends its waiters to the policy. The breaker opens at once,
+// and once Redis answers, the abandoned ids no longer stand in the queue:
+// the slot released next goes to a caller that waits for it.
+func TestAbandonedWaitersLeaveTheQueue(t *testing.T) {
+	const lease = 3 * time.Second
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	faulty := srv.Client(t)
+	fail := &failRenewals{}
+	faulty.AddHook(fail)
+	holder := NewLimiter(rdb, WithSlotLease(lease), WithLogger(discardLogger()))
+	l := NewLimiter(faulty, WithSlotLease(lease), WithPolicy(FailOpen), WithLogger(discardLogger()))
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	first, err := holder.AcquireSlot(ctx, "abandoned", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fail.left.Store(1)
+	waiter := acquireAsync(ctx, l, "abandoned", 1)
+	var r slotResult
+	select {
+	case r = <-waiter:
+	case <-time.After(lease):
+		t.Fatal("the waiter whose renewal failed still waits")
+	}
+	if r.err != nil {
+		t.Fatal("the abandoned waiter:", r.err)
+	}
+	defer r.slot.Release()
+	if m := l.Mode(); m != ModeOpen {
+		t.Errorf("mode %v after the renewal failed, want open: the policy serves at once", m)
+	}
+	eventually(t, 2*time.Second, "the abandoned id out of the queue", func() bool {
+		_, w := slotsHeld(t, rdb, "abandoned")
+		return w == 0
+	})
+	first.Release()
+	short, cancelShort := context.WithTimeout(ctx, time.Second)
+	defer cancelShort()
+	next, err := holder.AcquireSlot(short, "abandoned", 1)
+	if err != nil {
+		t.Fatalf("a caller after the release: %v; the abandoned ids took the slot", err)
+	}
+	next.Release()
+}
