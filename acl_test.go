@@ -17,7 +17,7 @@ import (
 // scripts on its keys and nothing else. The README shows it.
 const aclLimiter = "on >limiter-secret resetkeys ~quota:* resetchannels &quota:* -@all " +
 	"+evalsha +eval +get +set +del +time +zadd +zremrangebyscore +pexpire +zcard +hello " +
-	"+publish +subscribe +spublish +ssubscribe +ping +zscore +zrem +zrange +rpush +lpop +lrem " +
+	"+publish +subscribe +ping +zscore +zrem +zrange +rpush +lpop +lrem " +
 	"+hget +hmget +hset +hdel +hgetall +hlen +persist +pttl +zcount"
 
 // TestREADMEShowsTheACL: the README's ACL line is the one tested.

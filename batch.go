@@ -108,11 +108,8 @@ func (bs *batches) take(s *store, ctx context.Context, b bucket, n float64, maxW
 		// q holds the bucket's flight: the takes that arrive meanwhile
 		// queue behind it, and go in its call. A caller gone meanwhile is
 		// not sent (see send).
-		if holdCall(ctx, b, hold) {
-			bs.send(s, key, b, bs.gather(key, q))
-		} else {
-			bs.recall(key, q)
-		}
+		holdCall(ctx, hold)
+		bs.send(s, key, b, bs.gather(key, q))
 	} else {
 		select {
 		case <-q.done:
@@ -192,49 +189,15 @@ func (bs *batches) holdFor(key string, maxWait time.Duration) time.Duration {
 	return 0
 }
 
-// holdCall holds the call of a take of b for hold, or until the take's
-// context ends. It reports false when, meanwhile, the Limiter has learned
-// that b's control record changes how b is taken (another Limit in force,
-// a pause): the takes of the call are not to be sent as they are.
-func holdCall(ctx context.Context, b bucket, hold time.Duration) bool {
-	var replaced <-chan struct{}
-	if b.ctl != nil {
-		replaced = b.ctl.load().replaced
-	}
+// holdCall holds the call of a take for hold, or until the take's context
+// ends. What changed meanwhile (a pause, another Limit in force) the script
+// finds in the bucket's control record when the call goes.
+func holdCall(ctx context.Context, hold time.Duration) {
 	t := time.NewTimer(hold)
 	defer t.Stop()
-	for {
-		select {
-		case <-t.C:
-			_, changed := b.recontrolled()
-			return !changed
-		case <-ctx.Done():
-			return true
-		case <-replaced:
-			if _, changed := b.recontrolled(); changed {
-				return false
-			}
-			replaced = b.ctl.load().replaced
-		}
-	}
-}
-
-// errRecontrolled tells a take's caller that its take was not sent: the
-// bucket's control record changed while its call was held, and the caller
-// is to take again under it (see Limiter.waitTokens).
-var errRecontrolled = errors.New("quota: the bucket's control record changed")
-
-// recall ends the hold of lead, the take holding the flight of the bucket
-// under key, without sending its call: lead and the takes queued behind it
-// fail with errRecontrolled, and the flight lands.
-func (bs *batches) recall(key string, lead *queuedTake) {
-	takes := bs.gather(key, lead)
-	for _, q := range takes {
-		q.err = errRecontrolled
-	}
-	bs.landed(key, nil, horizonOf{})
-	for _, q := range takes[1:] {
-		close(q.done)
+	select {
+	case <-t.C:
+	case <-ctx.Done():
 	}
 }
 
@@ -428,14 +391,18 @@ func (s *store) takeAll(ctx context.Context, b bucket, takes []*queuedTake) erro
 	for _, q := range takes[1:] {
 		args = append(args, s.argv.tokens(q.n), s.argv.micros(q.acceptable().Microseconds()))
 	}
-	cmd, trips := s.script.run(ctx, b.keys, args...)
+	cmd, trips := s.script.run(ctx, b.call, args...)
 	err := cmd.Err()
 	var v []int64 // nil: every take granted without a wait
 	stride := 2 + len(b.keys)
 	if z, ok := cmd.Val().(int64); err == nil && !(ok && z == 0) {
-		if v, err = cmd.Int64Slice(); err != nil || len(v) != stride*len(takes) {
+		if v, err = cmd.Int64Slice(); err != nil || len(v) != stride*len(takes)+2 {
 			err = fmt.Errorf("%w: unexpected reply %v", ErrScript, cmd.Val())
 		}
+	}
+	var p pauseFound
+	if err == nil && v != nil {
+		p = pauseFound{since: v[len(v)-2], shifted: v[len(v)-1]}
 	}
 	for i, q := range takes {
 		q.trips, q.size, q.err = trips, len(takes), err
@@ -444,7 +411,7 @@ func (s *store) takeAll(ctx context.Context, b bucket, takes []*queuedTake) erro
 			continue
 		}
 		r := v[i*stride : (i+1)*stride : (i+1)*stride]
-		q.g = grant{granted: r[0] == 1, wait: time.Duration(r[1]) * time.Microsecond}
+		q.g = grant{granted: r[0] == 1, wait: time.Duration(r[1]) * time.Microsecond, pause: p}
 		if r[0] == 0 || r[1] != 0 {
 			q.g.tats = r[2:]
 		}

@@ -46,7 +46,7 @@ func BenchmarkAcquire(b *testing.B) {
 			b.Fatal(err)
 		}
 		sha := newScript(rdb, bucketSource).sha
-		keys := []string{"quota:{bench}"}
+		keys := []string{"quota:{bench}", "quota:{bench}" + controlSuffix}
 		args := []any{"take", "1", DefaultMaxWait.Microseconds(), "", "1000000", "1000000000", 0}
 		for b.Loop() {
 			if err := rdb.EvalSha(ctx, sha, keys, args...).Err(); err != nil {

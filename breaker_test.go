@@ -155,7 +155,7 @@ func TestLocalShares(t *testing.T) {
 		lim := Limit{Rate: 10, Burst: 4}
 
 		// No queue: a share of 2 workers starts empty, 5/s and burst 2.
-		rl, err := ls.get("a", "ka", lim, 2)
+		rl, err := ls.get("a", "ka", "ka", lim, 2)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -169,8 +169,8 @@ func TestLocalShares(t *testing.T) {
 
 		// A queue 1s long: the share owes the tokens that accrue until it
 		// has drained, besides its burst.
-		ls.granted("b", time.Second)
-		rl, _ = ls.get("b", "kb", lim, 2)
+		ls.granted("kb", time.Second)
+		rl, _ = ls.get("b", "kb", "kb", lim, 2)
 		if tokens := rl.Tokens(); tokens != -5 {
 			t.Errorf("a share behind a 1s queue holds %v tokens, want -5: empty, and owing what accrues in 1s", tokens)
 		}

@@ -29,8 +29,9 @@ const maxNameLen = 200
 // Limit of each layer, the first layer under the bucket's own key.
 type bucket struct {
 	name string
-	keys []string
+	keys []string // the layers'
 	lims []Limit
+	call []string      // the script's KEYS: the layers' keys, then the control record's
 	ctl  *controlEntry // what the Limiter read of its control record; nil in none
 
 	// Under a control record: the state whose override lims holds, and
@@ -41,7 +42,11 @@ type bucket struct {
 
 // bucketKey returns the Redis key of the bucket named name: the prefix,
 // then the name in a hash tag so that every key of one bucket shares a
-// Cluster slot.
+// Cluster slot. Distinct names have distinct keys. A name longer than
+// maxNameLen is shortened to a prefix and a digest, one byte longer than
+// maxNameLen, which no name kept whole can be; a name that begins with
+// "}", which would leave the hash tag empty, or with "%", is written after
+// a "%".
 func bucketKey(prefix, name string) (string, error) {
 	if name == "" {
 		return "", fmt.Errorf("%w: empty bucket name", ErrInvalidKey)
@@ -49,7 +54,10 @@ func bucketKey(prefix, name string) (string, error) {
 	if len(name) > maxNameLen {
 		sum := sha256.Sum256([]byte(name))
 		digest := hex.EncodeToString(sum[:8])
-		name = name[:maxNameLen-len(digest)-1] + "~" + digest
+		name = name[:maxNameLen-len(digest)] + "~" + digest
+	}
+	if name[0] == '}' || name[0] == '%' {
+		name = "%" + name
 	}
 	return prefix + "{" + name + "}", nil
 }
@@ -68,13 +76,15 @@ func newBucket(prefix, name string, lims []Limit) (bucket, error) {
 	if len(lims) == 1 {
 		// The usual bucket, one layer, in one allocation.
 		one := new(struct {
-			keys [1]string
+			call [2]string
 			lims [1]Limit
 		})
-		b.keys, b.lims = one.keys[:], one.lims[:]
+		b.call, b.lims = one.call[:], one.lims[:]
 	} else {
-		b.keys, b.lims = make([]string, len(lims)), make([]Limit, len(lims))
+		b.call, b.lims = make([]string, len(lims)+1), make([]Limit, len(lims))
 	}
+	b.keys = b.call[:len(lims):len(lims)]
+	b.call[len(lims)] = key + controlSuffix
 	for i, lim := range lims {
 		if b.lims[i], err = lim.resolve(); err != nil {
 			return bucket{}, err
@@ -106,15 +116,13 @@ type store struct {
 	argv    argvCache
 	clock   func() time.Time // nil: the server's clock
 	cluster bool             // the client follows Cluster redirections
-	publish string           // the command that announces a pause
+	channel string           // the control channel, which announces changes
 	batches *batches         // nil: every take a call of its own
 }
 
 func newStore(rdb redis.Scripter, cfg config) *store {
-	s := &store{script: newScript(rdb, bucketSource), clock: cfg.clock, publish: "PUBLISH"}
-	if _, s.cluster = rdb.(*redis.ClusterClient); s.cluster {
-		s.publish = "SPUBLISH" // stays in the bucket's slot
-	}
+	s := &store{script: newScript(rdb, bucketSource), clock: cfg.clock, channel: cfg.prefix + controlChannel}
+	_, s.cluster = rdb.(*redis.ClusterClient)
 	if !cfg.noBatching {
 		s.batches = &batches{hold: !cfg.dryRun} // a dry run never delays
 	}
@@ -127,7 +135,13 @@ type grant struct {
 	granted bool          // false: the wait exceeds the caller's, nothing was taken
 	wait    time.Duration // until the tokens have accrued, or would have
 	tats    []int64       // µs, a layer each; identify the take for its refund (nil without a wait)
+	pause   pauseFound    // the pause in force when the take ran (zero without a wait)
 }
+
+// pauseFound is the pause a take found in force: when it began and how far
+// it had moved the queues by then, µs; zero when there was none. A later
+// change of the pause moves the take's grant by what it adds to that.
+type pauseFound struct{ since, shifted int64 }
 
 // takenAt returns when, on the server's clock in microseconds, the take
 // that granted g after a wait ran: its grant falls due when the slowest
@@ -161,61 +175,61 @@ func (s *store) takeOne(ctx context.Context, b bucket, n float64, maxWait time.D
 	if v, ok := cmd.Val().(int64); ok && v == 0 {
 		return grant{granted: true}, trips, nil // granted without a wait
 	}
-	v, err := s.decode(cmd, b)
-	if err != nil {
-		return grant{}, trips, err
+	v, err := cmd.Int64Slice()
+	if k := len(b.keys); err != nil || len(v) != 2+k+2 {
+		return grant{}, trips, fmt.Errorf("%w: unexpected reply %v", ErrScript, cmd.Val())
 	}
-	return grant{granted: v[0] == 1, wait: time.Duration(v[1]) * time.Microsecond, tats: v[2:]}, trips, nil
+	k := len(b.keys)
+	return grant{
+		granted: v[0] == 1,
+		wait:    time.Duration(v[1]) * time.Microsecond,
+		tats:    v[2 : 2+k : 2+k],
+		pause:   pauseFound{since: v[2+k], shifted: v[3+k]},
+	}, trips, nil
 }
 
 // refund hands back n tokens of a take identified by its tats.
 func (s *store) refund(ctx context.Context, b bucket, n float64, tats []int64) error {
-	return s.do(ctx, b, "refund", s.argv.tokens(n), tats)
+	return s.do(ctx, b, "refund", s.argv.tokens(n), 0, tats)
 }
 
 // probe rewrites b as it is, to learn whether the server accepts writes.
 func (s *store) probe(ctx context.Context, b bucket) error {
-	return s.do(ctx, b, "probe", 0, nil)
+	return s.do(ctx, b, "probe", 0, 0, nil)
 }
 
-// pause grants nothing from b for d, as a provider's Retry-After asks, and
-// announces how far it moved the queue on b's pause channel.
+// pause grants nothing from b for d, as a provider's Retry-After asks: the
+// bucket's one pause ends then at the latest, and the change is announced
+// on the control channel.
 func (s *store) pause(ctx context.Context, b bucket, d time.Duration) error {
-	withRecord := b
-	withRecord.keys = append(slices.Clip(b.keys), b.keys[0]+pausedSuffix)
-	cmd, _ := s.run(ctx, withRecord, "pause", d.Microseconds(), s.publish, nil)
-	if err := cmd.Err(); err != nil {
-		return err
-	}
-	_, err := s.decode(cmd, b)
-	return err
+	return s.do(ctx, b, "pause", max(d.Microseconds(), 1), s.channel, nil)
 }
-
-// The suffixes, after a bucket's key, of the key that records when its
-// pause ends and of the channel that announces a pause.
-const (
-	pausedSuffix  = ":paused"
-	channelSuffix = ":pause"
-)
 
 // lower leaves every layer of b at most remaining tokens, never raising it.
 func (s *store) lower(ctx context.Context, b bucket, remaining float64) error {
 	for _, lim := range b.lims {
 		if remaining < lim.Burst {
-			return s.do(ctx, b, "lower", num(remaining), nil)
+			return s.do(ctx, b, "lower", num(remaining), 0, nil)
 		}
 	}
 	return nil // no layer holds more than that
 }
 
-// adjust takes n more tokens from b at once, or gives -n back.
-func (s *store) adjust(ctx context.Context, b bucket, n float64) error {
-	return s.do(ctx, b, "adjust", num(n), nil)
+// adjust takes n more tokens from b at once, or gives -n back. A non-empty
+// id makes it count once however often it is sent (a client's retry after
+// a lost reply): the script remembers the ids of the last minute.
+func (s *store) adjust(ctx context.Context, b bucket, n float64, id string) error {
+	withIDs := b
+	withIDs.call = append(slices.Clip(b.call), b.keys[0]+settledSuffix)
+	return s.do(ctx, withIDs, "adjust", num(n), id, nil)
 }
 
+// settledSuffix follows a bucket's key in the key of its settles' ids.
+const settledSuffix = ":settled"
+
 // do runs an operation whose reply says nothing but success.
-func (s *store) do(ctx context.Context, b bucket, op string, x any, tats []int64) error {
-	cmd, _ := s.run(ctx, b, op, x, 0, tats)
+func (s *store) do(ctx context.Context, b bucket, op string, x, y any, tats []int64) error {
+	cmd, _ := s.run(ctx, b, op, x, y, tats)
 	if err := cmd.Err(); err != nil {
 		return err
 	}
@@ -226,7 +240,7 @@ func (s *store) do(ctx context.Context, b bucket, op string, x any, tats []int64
 // run runs the script on b's keys with ARGV op, x and y (see script.lua),
 // the clock, and each layer's rate, burst and tat.
 func (s *store) run(ctx context.Context, b bucket, op string, x, y any, tats []int64) (*redis.Cmd, int) {
-	return s.script.run(ctx, b.keys, s.args(b, op, x, y, tats, 0)...)
+	return s.script.run(ctx, b.call, s.args(b, op, x, y, tats, 0)...)
 }
 
 // args returns the ARGV of run, with room for spare more.

@@ -19,49 +19,59 @@ import (
 	"go.opentelemetry.io/otel/trace"
 )
 
-//go:embed control.lua
-var controlSource string
-
-// What operators set on a bucket at runtime, an override of its Limit and
-// a pause, lives in Redis in the bucket's control record (control.lua).
-// Each Limiter keeps what it read of the records of the buckets it uses,
-// so that an acquisition asks Redis nothing more than its take: it reads a
-// bucket's record when it first uses the bucket, and again, in the
-// background, once it is controlRefresh old. Every change is announced on
-// the prefix's control channel, on which a Limiter in use listens, and a
-// Limiter reads again the record of a bucket announced. A Limiter that
-// missed an announcement holds what it read for controlRefresh at most
-// while it listens, and while it does not, reads before it grants.
+// What changes how a bucket is taken, an operator's override of its Limit
+// and its pause (a provider's Retry-After or an operator's), lives in Redis
+// in the bucket's control record, beside its layers (script.lua). Every
+// take reads it in the script, so the script never grants past a pause or
+// at a Limit no longer in force, whatever the Limiter knows.
+//
+// Each Limiter also keeps what it read of the records of the buckets it
+// uses, for what happens outside the script: its callers sleeping on
+// grants taken before a pause or a change, its callers waiting for a pause
+// with no end to be resumed, its local shares. It reads a bucket's record
+// when it first uses the bucket, and again, in the background, once it is
+// controlRefresh old. Every change is announced on the prefix's control
+// channel, on which the Limiter listens (listener.go), and the Limiter reads
+// again the record of a bucket announced. While callers sleep or wait on a
+// bucket, the Limiter reads its record every waitRefresh as well, so that a
+// lost announcement costs them at most that.
 const (
 	controlRefresh = time.Second
-	controlIdle    = time.Minute // a Limiter stops listening when unused this long
+	waitRefresh    = 500 * time.Millisecond
 	maxControls    = 2048        // records kept
 	controlReadFor = time.Second // bounds a read in the background
-
-	// A pause with no end moves a bucket's queue ten years ahead until it
-	// ends (control.lua): a wait longer than this tells of one.
-	pausedForever = 5 * 365 * 24 * time.Hour
 
 	controlSuffix  = ":ctl"
 	controlChannel = "control" // after the prefix
 )
 
+// controlIdle is how long a Limiter stays unused before it stops
+// listening; a variable for the tests.
+var controlIdle = time.Minute
+
 // controlState is what a Limiter read of a bucket's control record. It
-// never changes: a read replaces it, and closes changed.
+// never changes: a read replaces it, and closes replaced.
 type controlState struct {
 	override    Limit
 	hasOverride bool
 
-	// The latest pause, on the local clock; since is zero when the record
-	// holds none, until is zero for a pause with no end.
+	// The bucket's pause, on the local clock; since is zero when the
+	// record holds none, until is zero for a pause with no end.
 	since, until time.Time
-	sinceUS      int64 // since on the server's clock, µs, to compare with takes
+	sinceUS      int64  // since on the server's clock, µs, to compare with takes
+	source       string // who set its end: "provider" or "operator"
 
-	// When the Limit in force last changed, on the local clock and the
-	// server's; zero when it never did.
-	changed   time.Time
+	// The latest change of the Limit in force: when, on the server's
+	// clock; the instant the queue was rescaled from, on the local clock;
+	// the rate before; and the pause then in force, whose later changes
+	// move the pivot with the queue. changedUS is zero when it never
+	// changed.
 	changedUS int64
+	pivot     time.Time
+	prev      float64
+	during    pauseFound
 
+	readAt   time.Time // when the read that made it was sent; zero: never read
 	replaced chan struct{}
 }
 
@@ -76,49 +86,46 @@ func (st *controlState) pausedAt(t time.Time) (end time.Time, forever, paused bo
 	return st.until, false, t.Before(st.until)
 }
 
-// hold returns when a grant taken at takenAt (server µs) and due at due
-// falls due once the latest pause has moved it: a grant due t after the
-// pause began falls due t after it ends. It returns false while the pause
-// has no end.
-func (st *controlState) hold(due time.Time, takenAt int64) (time.Time, bool) {
-	if st.since.IsZero() || takenAt >= st.sinceUS || !due.After(st.since) {
+// hold returns when a grant due at due, whose take found the pause found,
+// falls due once the pause in force has moved it, as the script moved the
+// queue: a grant due t after the pause began falls due t after it ends,
+// and one taken during the pause moves by what the pause changed since.
+// It returns false while the pause has no end.
+func (st *controlState) hold(due time.Time, takenAt int64, found pauseFound) (time.Time, bool) {
+	if st.since.IsZero() {
 		return due, true
+	}
+	var moved time.Duration // by the pause, when the take ran
+	switch {
+	case found.since == st.sinceUS:
+		moved = time.Duration(found.shifted) * time.Microsecond
+	case takenAt >= st.sinceUS || !due.After(st.since):
+		return due, true // taken after the pause, or due before it began
 	}
 	if st.until.IsZero() {
 		return time.Time{}, false
 	}
-	return st.until.Add(due.Sub(st.since)), true
+	return due.Add(st.until.Sub(st.since) - moved), true
 }
 
-// rescale returns when a grant taken at takenAt (server µs) at rate from
-// and due at due falls due once the latest change of the Limit in force,
-// to rate to, has moved it: a grant due t after the change falls due
-// t x from / to after it.
-func (st *controlState) rescale(due time.Time, takenAt int64, from, to float64) time.Time {
-	if st.changed.IsZero() || takenAt >= st.changedUS || !due.After(st.changed) || from == to {
+// rescale returns when a grant taken at takenAt (server µs) and due at due,
+// as the pause in force has moved it (see hold), falls due once the latest
+// change of the Limit in force, to rate to, has moved it, as the script
+// moved the queue: a grant due t after the pivot falls due t x prev / to
+// after it. A pause in force at the change that has changed since moved
+// the pivot with the queue.
+func (st *controlState) rescale(due time.Time, takenAt int64, to float64) time.Time {
+	if st.changedUS == 0 || takenAt >= st.changedUS || !(st.prev > 0) || st.prev == to {
 		return due
 	}
-	return st.changed.Add(time.Duration(float64(due.Sub(st.changed)) * from / to))
-}
-
-// outpaced tells whether a grant taken at takenAt (server µs) at rate from
-// was taken after the latest change of the Limit in force, to the slower
-// rate to, by a Limiter that had not yet heard of it: such a grant holds
-// a place in the queue spaced at the old rate, and is to be taken again.
-func (st *controlState) outpaced(takenAt int64, from, to float64) bool {
-	return !st.changed.IsZero() && takenAt >= st.changedUS && from > to
-}
-
-// apply returns b with the override, if any, as its first layer's Limit.
-func (st *controlState) apply(b bucket) bucket {
-	if !st.hasOverride || b.lims[0] == st.override {
-		return b
+	pivot := st.pivot
+	if st.during.since != 0 && st.during.since == st.sinceUS && !st.until.IsZero() {
+		pivot = pivot.Add(st.until.Sub(st.since) - time.Duration(st.during.shifted)*time.Microsecond)
 	}
-	lims := make([]Limit, len(b.lims))
-	copy(lims, b.lims)
-	lims[0] = st.override
-	b.lims = lims
-	return b
+	if !due.After(pivot) {
+		return due
+	}
+	return pivot.Add(time.Duration(float64(due.Sub(pivot)) * st.prev / to))
 }
 
 // controlEntry is a Limiter's knowledge of one bucket's control record.
@@ -134,7 +141,9 @@ type controlEntry struct {
 
 	mu      sync.Mutex
 	reading chan struct{} // closed when the read in flight ends; nil when none
+	readErr error         // how the read last ended, for the callers that waited for it
 	stale   bool          // read again once the read in flight ends
+	waiters int           // callers sleeping or waiting on the bucket
 }
 
 // rate returns the first layer's rate in force under st.
@@ -147,30 +156,26 @@ func (e *controlEntry) rate(st *controlState) float64 {
 
 func (e *controlEntry) load() *controlState { return e.state.Load() }
 
-// controls are a Limiter's control entries, and its subscription to the
-// announcements of changes.
+// controls are a Limiter's control entries.
 type controls struct {
-	rdb    redis.Scripter
-	script *script
+	script *script // the bucket script's
 	prefix string
 	id     string // this Limiter's, among a bucket's users
+	events *listener
 
-	mu        sync.RWMutex
-	m         map[string]*controlEntry
-	listening bool
-	sub       *redis.PubSub
-	lastUse   atomic.Int64 // unix ns
+	mu sync.RWMutex
+	m  map[string]*controlEntry
 }
 
-func newControls(rdb redis.Scripter, cfg config) *controls {
+func newControls(s *script, cfg config, events *listener) *controls {
 	host, _ := os.Hostname()
 	var b [6]byte
 	_, _ = rand.Read(b[:])
 	return &controls{
-		rdb:    rdb,
-		script: newScript(rdb, controlSource),
+		script: s,
 		prefix: cfg.prefix,
 		id:     fmt.Sprintf("%s/%d/%s", host, os.Getpid(), hex.EncodeToString(b[:])),
+		events: events,
 	}
 }
 
@@ -183,22 +188,24 @@ func newControls(rdb redis.Scripter, cfg config) *controls {
 // that of a read that failed.
 func (c *controls) entry(ctx context.Context, b bucket, shared bool) (_ *controlEntry, sent bool, _ error) {
 	now := time.Now().UnixNano()
-	touch(&c.lastUse, now)
+	listening := c.events.use()
 	key := b.keys[0]
 	c.mu.RLock()
-	e, listening := c.m[key], c.listening
+	e := c.m[key]
 	c.mu.RUnlock()
 	if e == nil {
 		e = c.add(b)
 		listening = false
 	}
 	touch(&e.used, now)
-	if !listening {
-		c.listen()
-	}
 	readAt := e.read.Load()
 	switch {
-	case !shared || now-readAt < int64(controlRefresh):
+	case !shared:
+		return e, false, nil
+	case e.load().readAt.IsZero():
+		// Never read: wait for the read, this caller's or the one in
+		// flight, and share its outcome.
+	case now-readAt < int64(controlRefresh):
 		return e, false, nil
 	case listening && readAt != 0:
 		// Read again in the background, once: what was read stands
@@ -247,31 +254,89 @@ func (c *controls) add(b bucket) *controlEntry {
 }
 
 // evict forgets the entries unused for controlIdle, or, when all were
-// used since, an arbitrary tenth of them. It runs with c.mu held.
+// used since, an arbitrary tenth of them; never one that callers sleep or
+// wait on. It runs with c.mu held.
 func (c *controls) evict() {
 	idle := time.Now().Add(-controlIdle).UnixNano()
 	for k, e := range c.m {
-		if e.used.Load() < idle {
+		if e.used.Load() < idle && !e.busy() {
 			delete(c.m, k)
 		}
 	}
-	for k := range c.m {
+	for k, e := range c.m {
 		if len(c.m) < maxControls*9/10 {
 			break
 		}
-		delete(c.m, k)
+		if !e.busy() {
+			delete(c.m, k)
+		}
+	}
+}
+
+func (e *controlEntry) busy() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.waiters > 0
+}
+
+// lookup returns the entry of the bucket whose first key is key, or nil.
+func (c *controls) lookup(key string) *controlEntry {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	return c.m[key]
+}
+
+// wait registers a caller that sleeps or waits on e, and returns the func
+// that ends it. While any does, the Limiter listens, and reads e's record
+// every waitRefresh: an announcement lost costs them that at most, and
+// never a stall.
+func (c *controls) wait(e *controlEntry) (done func()) {
+	release := c.events.hold()
+	e.mu.Lock()
+	e.waiters++
+	first := e.waiters == 1
+	e.mu.Unlock()
+	if first {
+		go c.watch(e)
+	}
+	return func() {
+		e.mu.Lock()
+		e.waiters--
+		e.mu.Unlock()
+		release()
+	}
+}
+
+// watch reads e's record every waitRefresh while callers wait on it, and
+// at once if it was read longer ago than the Limiter refreshes records.
+func (c *controls) watch(e *controlEntry) {
+	if time.Since(time.Unix(0, e.read.Load())) >= controlRefresh {
+		c.refresh(e)
+	}
+	t := time.NewTicker(waitRefresh)
+	defer t.Stop()
+	for range t.C {
+		if !e.busy() {
+			return
+		}
+		if time.Since(time.Unix(0, e.read.Load())) >= waitRefresh/2 {
+			c.refresh(e)
+		}
 	}
 }
 
 // readNow reads e's record unless a read is in flight, in which case it
-// waits for that one. sent tells whether it sent a read of its own.
+// waits for that one, and returns its error. sent tells whether it sent a
+// read of its own.
 func (c *controls) readNow(ctx context.Context, e *controlEntry) (sent bool, _ error) {
 	e.mu.Lock()
 	if done := e.reading; done != nil {
 		e.mu.Unlock()
 		select {
 		case <-done:
-			return false, nil
+			e.mu.Lock()
+			defer e.mu.Unlock()
+			return false, e.readErr
 		case <-ctx.Done():
 			return false, ctx.Err()
 		}
@@ -281,7 +346,7 @@ func (c *controls) readNow(ctx context.Context, e *controlEntry) (sent bool, _ e
 	e.mu.Unlock()
 	err := c.read(ctx, e)
 	e.mu.Lock()
-	e.reading = nil
+	e.reading, e.readErr = nil, err
 	again := e.stale
 	e.stale = false
 	e.mu.Unlock()
@@ -309,18 +374,18 @@ func (c *controls) refresh(e *controlEntry) {
 }
 
 // read reads e's record, records the Limit the Limiter's callers pass
-// and the Limiter among the bucket's users,
-// and replaces e's state with what it read. A failed read leaves the
-// state as it was, or no control at all if there was none, and is tried
-// again controlRefresh later.
+// and the Limiter among the bucket's users, and replaces e's state with
+// what it read. A failed read leaves the state as it was, or no control at
+// all if there was none, and is tried again controlRefresh later.
 func (c *controls) read(ctx context.Context, e *controlEntry) error {
 	e.read.Store(time.Now().UnixNano())
 	sent := time.Now()
-	keys := []string{e.key + controlSuffix, e.key}
+	keys := []string{e.key}
 	for suffix := range strings.FieldsSeq(e.layers) {
 		keys = append(keys, e.key+suffix)
 	}
-	cmd, _ := c.script.run(ctx, keys, "read", e.seen, e.layers, c.id)
+	keys = append(keys, e.key+controlSuffix)
+	cmd, _ := c.script.run(ctx, keys, "read", e.seen, e.layers, "", c.id)
 	rec, err := parseControl(cmd)
 	if err != nil {
 		return err
@@ -329,78 +394,65 @@ func (c *controls) read(ctx context.Context, e *controlEntry) error {
 	return nil
 }
 
-// listen subscribes to the prefix's control channel, unless the Limiter
-// already does, and reads again the record of each bucket announced,
-// until the Limiter has been unused for controlIdle.
-func (c *controls) listen() {
-	c.mu.Lock()
-	if c.listening {
-		c.mu.Unlock()
-		return
+// forget resets what the Limiter read of every record, so that the next
+// use reads again before it grants: what was read is no longer kept up to
+// date once the Limiter stops listening.
+func (c *controls) forget() {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	for _, e := range c.m {
+		e.read.Store(0)
 	}
-	s, ok := c.rdb.(subscriber)
-	if !ok {
-		c.mu.Unlock()
-		return
-	}
-	c.listening = true
-	c.sub = s.Subscribe(untraced(), c.prefix+controlChannel)
-	sub := c.sub
-	c.mu.Unlock()
-
-	idle := time.NewTicker(controlIdle / 4)
-	go func() {
-		defer idle.Stop()
-		msgs := sub.Channel()
-		for {
-			select {
-			case msg, ok := <-msgs:
-				if !ok {
-					return
-				}
-				c.mu.RLock()
-				e := c.m[msg.Payload]
-				c.mu.RUnlock()
-				if e != nil {
-					go c.refresh(e)
-				}
-			case <-idle.C:
-				if time.Since(time.Unix(0, c.lastUse.Load())) < controlIdle {
-					continue
-				}
-				c.mu.Lock()
-				c.listening, c.sub = false, nil
-				// What was read is no longer kept up to date: the next
-				// use reads again before it grants.
-				for _, e := range c.m {
-					e.read.Store(0)
-				}
-				c.mu.Unlock()
-				sub.Close()
-				return
-			}
-		}
-	}()
 }
 
-// record is a control record as control.lua replies it.
+// resync makes up for the announcements the Limiter may have missed before
+// it listened: the records callers wait on are read again at once, and
+// the others used lately in the background at once, the rest at their next
+// use. (The script enforces
+// every record itself; what a Limiter knows serves its sleepers.)
+func (c *controls) resync() {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	recent := time.Now().Add(-controlRefresh).UnixNano()
+	for _, e := range c.m {
+		if e.busy() || e.used.Load() > recent {
+			go c.refresh(e)
+		} else {
+			e.read.Store(1) // long ago, but read
+		}
+	}
+}
+
+// announced reads again the record of the bucket whose first key is key,
+// announced on the control channel.
+func (c *controls) announced(key string) {
+	if e := c.lookup(key); e != nil {
+		go c.refresh(e)
+	}
+}
+
+// record is a control record as the script replies it.
 type record struct {
 	now          int64 // µs, the server's clock
 	override     *Limit
 	since, until int64 // µs; until is -1 for a pause with no end
 	seen         *Limit
-	users        int   // status only
-	tat          int64 // status only; 0 when absent
-	changed      int64 // µs; 0 when the Limit in force never changed
+	users        int    // status only
+	tat          int64  // status only; 0 when absent
+	changed      int64  // µs; 0 when the Limit in force never changed
+	source       string // who set the pause's end
+	pivot        int64  // µs, whence the change rescaled the queue
+	prev         float64
+	during       pauseFound // the pause in force at the change
 }
 
-// parseControl reads control.lua's reply.
+// parseControl reads the reply of a record operation.
 func parseControl(cmd *redis.Cmd) (record, error) {
 	vals, err := cmd.StringSlice()
 	if err != nil {
 		return record{}, err
 	}
-	if len(vals) != 9 {
+	if len(vals) != 13 {
 		return record{}, fmt.Errorf("%w: a control reply of %d fields", ErrScript, len(vals))
 	}
 	var r record
@@ -435,11 +487,21 @@ func parseControl(cmd *redis.Cmd) (record, error) {
 		r.seen = limit(rate, burst)
 	}
 	r.users = int(integer(vals[6]))
-	r.changed = integer(vals[8])
 	if vals[7] != "" {
 		tat, err := strconv.ParseFloat(vals[7], 64)
 		r.tat = int64(tat)
 		errs = append(errs, err)
+	}
+	r.changed = integer(vals[8])
+	r.source = vals[9]
+	r.pivot = integer(vals[10])
+	if vals[11] != "" {
+		prev, err := strconv.ParseFloat(vals[11], 64)
+		r.prev = prev
+		errs = append(errs, err)
+	}
+	if since, shifted, ok := strings.Cut(vals[12], " "); ok {
+		r.during = pauseFound{since: integer(since), shifted: integer(shifted)}
 	}
 	if err := errors.Join(errs...); err != nil {
 		return record{}, fmt.Errorf("%w: an unreadable control record: %w", ErrScript, err)
@@ -450,13 +512,20 @@ func parseControl(cmd *redis.Cmd) (record, error) {
 // state turns the record into a Limiter's state, its times moved to the
 // local clock as of sent, when the read was sent.
 func (r record) state(sent time.Time) *controlState {
-	st := &controlState{replaced: make(chan struct{})}
+	st := &controlState{replaced: make(chan struct{}), readAt: sent, source: r.source}
 	if r.override != nil {
 		st.override, st.hasOverride = *r.override, true
 	}
-	local := func(us int64) time.Time { return sent.Add(time.Duration(us-r.now) * time.Microsecond) }
+	// A record's times are the script's, but Redis holds what anyone with
+	// access wrote: bound them to a century either way, within which a
+	// Duration neither overflows nor wraps.
+	const century = 100 * 365 * 24 * time.Hour
+	local := func(us int64) time.Time {
+		us = max(min(us, r.now+century.Microseconds()), r.now-century.Microseconds())
+		return sent.Add(time.Duration(us-r.now) * time.Microsecond)
+	}
 	if r.changed != 0 {
-		st.changed, st.changedUS = local(r.changed), r.changed
+		st.changedUS, st.pivot, st.prev, st.during = r.changed, local(r.pivot), r.prev, r.during
 	}
 	if r.since != 0 {
 		st.since, st.sinceUS = local(r.since), r.since
@@ -500,52 +569,58 @@ func (l *Limiter) controlled(ctx context.Context, span *waitSpan, b bucket) (buc
 		}
 		l.breaker.trip(b, err)
 	}
-	st, passed := e.load(), b.lims[0]
-	b = st.apply(b)
-	b.ctl, b.st, b.passed = e, st, passed
-	return b, nil
+	b.ctl, b.passed = e, b.lims[0]
+	return b.under(e), nil
 }
 
-// recontrolled returns b under the state of its control record read last,
-// and whether that state changes how b is taken since b was made: another
-// Limit in force, or a pause in force now.
-func (b bucket) recontrolled() (bucket, bool) {
-	if b.ctl == nil {
-		return b, false
+// under returns b under the state of its control record e read last: with
+// the override, if any, as its first layer's Limit, else the Limit its
+// callers pass.
+func (b bucket) under(e *controlEntry) bucket {
+	st := e.load()
+	want := b.passed
+	if st.hasOverride {
+		want = st.override
 	}
-	st := b.ctl.load()
-	if st == b.st {
-		return b, false
+	if b.lims[0] != want {
+		b.lims = slices.Clone(b.lims)
+		b.lims[0] = want
 	}
-	_, _, paused := st.pausedAt(time.Now())
-	if !paused && st.hasOverride == b.st.hasOverride && (!st.hasOverride || st.override == b.st.override) {
-		return b, false
-	}
-	lims := slices.Clone(b.lims)
-	lims[0] = b.passed
-	nb := b
-	nb.lims = lims
-	nb = st.apply(nb)
-	nb.st = st
-	return nb, true
+	b.st = st
+	return b
 }
 
-// awaitPause waits while b is paused, until the pause ends or ctx does.
-// It refuses at once with ErrWouldWait under noWait, and with
+// Bounds on how callers wait outside the script: a caller waiting for a
+// pause rechecks what the Limiter knows at least every waitCheck, and one
+// that the script refused for a pause the Limiter did not know of waits
+// at least minRetry before it takes again.
+const (
+	waitCheck = time.Second
+	minRetry  = 250 * time.Millisecond
+)
+
+// awaitPause waits while b is paused, as far as the Limiter knows, when
+// the script cannot queue the caller behind the pause: while it has no
+// end, or ends after the longest wait the caller accepts (maxWait). It
+// refuses at once with ErrWouldWait under noWait, and with
 // ErrWouldExceedDeadline when the pause ends after ctx's deadline; a
 // pause with no end may be resumed any time, so the caller keeps waiting
 // for it until its deadline. Under dry run it records the wait and
-// returns.
-func (l *Limiter) awaitPause(ctx context.Context, span *waitSpan, b bucket, noWait bool) error {
+// returns. It rechecks at least every waitCheck: whatever it misses, it
+// finds out then.
+func (l *Limiter) awaitPause(ctx context.Context, span *waitSpan, b bucket, o *ask) error {
 	if b.ctl == nil {
 		return ctx.Err()
 	}
-	var t *time.Timer
+	var done func()
 	defer func() {
-		if t != nil {
-			t.Stop()
+		if done != nil {
+			done()
 		}
 	}()
+	t := time.NewTimer(0)
+	<-t.C
+	defer t.Stop()
 	for {
 		st := b.ctl.load()
 		now := time.Now()
@@ -557,32 +632,98 @@ func (l *Limiter) awaitPause(ctx context.Context, span *waitSpan, b bucket, noWa
 		if !forever {
 			until = "for " + end.Sub(now).Round(time.Millisecond).String()
 		}
-		deadline, hasDeadline := ctx.Deadline()
+		maxWait, hasDeadline := l.maxWait(ctx)
 		switch {
 		case span.dryRun:
 			if !forever {
 				span.wait = end.Sub(now)
 			}
 			return ctx.Err()
-		case noWait:
+		case o.noWait:
 			return fmt.Errorf("%w: %q is paused %s", ErrWouldWait, b.name, until)
-		case hasDeadline && !forever && end.After(deadline):
+		case hasDeadline && !forever && end.Sub(now) > maxWait:
 			return fmt.Errorf("%w: %q is paused %s", ErrWouldExceedDeadline, b.name, until)
+		case !forever && end.Sub(now) <= maxWait:
+			return ctx.Err() // the script queues it behind the pause
 		}
-		var expired <-chan time.Time
+		if done == nil {
+			done = l.controls.wait(b.ctl)
+		}
+		next := waitCheck
 		if !forever {
-			if t == nil {
-				t = time.NewTimer(end.Sub(now))
-			} else {
-				t.Reset(end.Sub(now))
-			}
-			expired = t.C
+			next = min(next, end.Sub(now)-maxWait+time.Millisecond)
 		}
+		t.Reset(max(next, time.Millisecond))
 		select {
 		case <-st.replaced:
-		case <-expired:
+			if !t.Stop() {
+				<-t.C
+			}
+		case <-t.C:
 		case <-ctx.Done():
 			return ctx.Err()
+		}
+	}
+}
+
+// sleepOn waits for a grant of bucket b that falls due after g.wait, and
+// later by as much as a pause or a change of the Limit in force, recorded
+// since the take, moved the queue it was granted in. When ctx ends first,
+// or a pause moves the grant past ctx's deadline, it returns how far the
+// grant had been moved with the error, for the refund.
+func (l *Limiter) sleepOn(ctx context.Context, b bucket, g grant) (time.Duration, error) {
+	if g.wait <= 0 {
+		return 0, nil
+	}
+	due := time.Now().Add(g.wait)
+	if b.ctl == nil {
+		return 0, sleep(ctx, g.wait)
+	}
+	takenAt := g.takenAt(b)
+	if g.wait >= waitRefresh {
+		// Long enough for a read of the record to matter: the Limiter
+		// reads it every waitRefresh meanwhile. A shorter sleep learns
+		// of a change from its announcement alone.
+		defer l.controls.wait(b.ctl)()
+	}
+	deadline, hasDeadline := ctx.Deadline()
+	// when returns when the grant falls due under st, false while a pause
+	// with no end holds it.
+	when := func(st *controlState) (time.Time, bool) {
+		at, ends := st.hold(due, takenAt, g.pause)
+		if !ends {
+			return at, false
+		}
+		return st.rescale(at, takenAt, b.ctl.rate(st)), true
+	}
+	t := time.NewTimer(0)
+	<-t.C
+	defer t.Stop()
+	for {
+		st := b.ctl.load()
+		at, ends := when(st)
+		if ends && hasDeadline && at.After(deadline) {
+			return at.Sub(due), ErrWouldExceedDeadline
+		}
+		if ends && !time.Now().Before(at) {
+			return 0, nil
+		}
+		next := waitCheck
+		if ends {
+			next = time.Until(at)
+		}
+		t.Reset(next)
+		select {
+		case <-t.C:
+		case <-st.replaced:
+			if !t.Stop() {
+				<-t.C
+			}
+		case <-ctx.Done():
+			if at, ends := when(b.ctl.load()); ends {
+				return at.Sub(due), ctx.Err()
+			}
+			return 0, ctx.Err()
 		}
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -245,7 +246,17 @@ func (f fakeScripts) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 			c.SetErr(err)
 			return err
 		}
-		c.SetVal([]any{int64(1), int64(1), int64(1)})
+		// A take granted after a microsecond's wait, or a record that
+		// holds nothing.
+		c.SetVal([]any{int64(1), int64(1), int64(1), int64(0), int64(0)})
+		if args := c.Args(); len(args) > 3 {
+			if numkeys, err := strconv.Atoi(fmt.Sprint(args[2])); err == nil && len(args) > 3+numkeys && fmt.Sprint(args[3+numkeys]) == "read" {
+				c.SetVal(make([]any, 13))
+				for i := range 13 {
+					c.Val().([]any)[i] = ""
+				}
+			}
+		}
 		return nil
 	}
 }

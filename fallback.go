@@ -29,8 +29,9 @@ const (
 // layer of each bucket, created when an outage first needs them, and what
 // the Limiter knows of each bucket's queue from before the outage.
 type localLimiters struct {
-	// queues maps a bucket's name to what this Limiter last saw of its
-	// queue (*queue). A take joins the end of the bucket's queue, so its
+	// queues maps a bucket's key to what this Limiter last saw of its
+	// queue (*queue): the key, which is bounded, not the name, which is
+	// not. A take joins the end of the bucket's queue, so its
 	// wait is how far the fleet's grants then reached beyond now. Only
 	// buckets with a queue have an entry, and an entry goes once the queue
 	// it saw has drained.
@@ -55,6 +56,7 @@ func (q *queue) drained() int64 { return q.due.Load() + q.wait.Load() }
 
 type localLimiter struct {
 	name    string // the bucket's
+	first   string // the bucket's key
 	lim     Limit
 	workers int
 	*rate.Limiter
@@ -64,15 +66,16 @@ type localLimiter struct {
 // it holds, below zero when it has promised more to callers still sleeping.
 type share struct {
 	name   string // the bucket's
+	first  string // the bucket's key
 	key    string // the layer's Redis key
 	lim    Limit
 	tokens float64
 }
 
-// granted notes that the shared bucket granted tokens of the bucket named
-// name after wait.
-func (ls *localLimiters) granted(name string, wait time.Duration) {
-	v, ok := ls.queues.Load(name)
+// granted notes that the shared bucket granted tokens of the bucket whose
+// key is key after wait.
+func (ls *localLimiters) granted(key string, wait time.Duration) {
+	v, ok := ls.queues.Load(key)
 	if !ok {
 		if wait <= 0 {
 			return // no queue, nothing to remember
@@ -81,7 +84,7 @@ func (ls *localLimiters) granted(name string, wait time.Duration) {
 			return
 		}
 		var loaded bool
-		if v, loaded = ls.queues.LoadOrStore(name, new(queue)); !loaded {
+		if v, loaded = ls.queues.LoadOrStore(key, new(queue)); !loaded {
 			ls.nQueues.Add(1)
 		}
 	}
@@ -112,11 +115,11 @@ func (ls *localLimiters) sweepQueues() int64 {
 }
 
 // ahead returns how far beyond now the fleet's shared grants of the bucket
-// named name may still fall due: at least as far as this Limiter's own,
+// whose key is key may still fall due: at least as far as this Limiter's own,
 // and, as other workers kept joining the queue after this one's last take,
 // as far as the queue then reached.
-func (ls *localLimiters) ahead(name string) time.Duration {
-	v, ok := ls.queues.Load(name)
+func (ls *localLimiters) ahead(key string) time.Duration {
+	v, ok := ls.queues.Load(key)
 	if !ok {
 		return 0
 	}
@@ -132,7 +135,7 @@ func (ls *localLimiters) ahead(name string) time.Duration {
 // named name, at lim divided by workers. A new one starts empty and owes
 // the tokens that accrue until the fleet's shared grants have fallen due.
 // It fails when maxLocalBuckets limiters hold tokens.
-func (ls *localLimiters) get(name, key string, lim Limit, workers int) (*rate.Limiter, error) {
+func (ls *localLimiters) get(name, first, key string, lim Limit, workers int) (*rate.Limiter, error) {
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
 	if l, ok := ls.m[key]; ok && l.lim == lim && l.workers == workers {
@@ -158,13 +161,13 @@ func (ls *localLimiters) get(name, key string, lim Limit, workers int) (*rate.Li
 	w := float64(workers)
 	r, burst := lim.Rate/w, int(math.Max(1, math.Floor(lim.Burst/w)))
 	rl := rate.NewLimiter(rate.Limit(r), burst)
-	owed := burst + int(math.Ceil(ls.ahead(name).Seconds()*r))
+	owed := burst + int(math.Ceil(ls.ahead(first).Seconds()*r))
 	for owed > 0 { // a reservation may take at most the burst at a time
 		k := min(owed, burst)
 		rl.ReserveN(now, k)
 		owed -= k
 	}
-	ls.m[key] = &localLimiter{name: name, lim: lim, workers: workers, Limiter: rl}
+	ls.m[key] = &localLimiter{name: name, first: first, lim: lim, workers: workers, Limiter: rl}
 	return rl, nil
 }
 
@@ -175,7 +178,7 @@ func (ls *localLimiters) shares() []share {
 	var out []share
 	now := time.Now()
 	for key, l := range ls.m {
-		out = append(out, share{name: l.name, key: key, lim: l.lim, tokens: l.TokensAt(now)})
+		out = append(out, share{name: l.name, first: l.first, key: key, lim: l.lim, tokens: l.TokensAt(now)})
 	}
 	return out
 }
@@ -202,7 +205,7 @@ func (l *Limiter) localWait(ctx context.Context, b bucket, n float64, noWait boo
 		}
 	}
 	for i, lim := range b.lims {
-		rl, err := l.locals.get(b.name, b.keys[i], lim, l.workers.divisor(l.cfg.policy))
+		rl, err := l.locals.get(b.name, b.keys[0], b.keys[i], lim, l.workers.divisor(l.cfg.policy))
 		if err != nil {
 			cancel()
 			l.breaker.refused.Add(1)
@@ -266,11 +269,12 @@ func (l *Limiter) localWait(ctx context.Context, b bucket, n float64, noWait boo
 func (l *Limiter) settleLocal() error {
 	workers := float64(l.workers.divisor(l.cfg.policy))
 	for _, s := range l.locals.shares() {
-		b := bucket{name: s.name, keys: []string{s.key}, lims: []Limit{s.lim}}
+		// One layer at a time, under the bucket's control record.
+		b := bucket{name: s.name, keys: []string{s.key}, lims: []Limit{s.lim}, call: []string{s.key, s.first + controlSuffix}}
 		ctx, cancel := context.WithTimeout(context.Background(), probeTimeout)
 		err := l.store.lower(ctx, b, max(s.tokens, 0)*workers)
 		if err == nil && s.tokens < 0 {
-			err = l.store.adjust(ctx, b, -s.tokens)
+			err = l.store.adjust(ctx, b, -s.tokens, "")
 		}
 		cancel()
 		if err != nil {
@@ -296,7 +300,7 @@ func (l *Limiter) resumeIn(ctx context.Context) time.Duration {
 	if l.cfg.policy.mode() != ModeLocal {
 		return 0
 	}
-	cmd, _ := l.resume.run(ctx, []string{l.cfg.prefix + "resume"}, resumeDelay.Microseconds())
+	cmd, _ := l.resume.run(ctx, []string{l.cfg.prefix + "resume"}, resumeDelay.Microseconds(), l.store.now())
 	us, err := cmd.Int64()
 	if err != nil {
 		return 0

@@ -23,7 +23,7 @@ func FuzzKeys(f *testing.F) {
 	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
 	defer rdb.Close()
 	l := NewLimiter(rdb)
-	maxKey := len(DefaultPrefix) + len("{}") + maxNameLen
+	maxKey := len(DefaultPrefix) + len("{}") + maxNameLen + 2 // shortened, and escaped
 	keyFuncs := []KeyFunc{Host, HostRegion(Header("X-Region")), Join(Fixed("acct"), Host, Header("X-Region"))}
 
 	f.Fuzz(func(t *testing.T, rawURL, host, region string) {
@@ -46,6 +46,9 @@ func FuzzKeys(f *testing.F) {
 			}
 			if len(key) > maxKey {
 				t.Fatalf("key of %d bytes, bound %d", len(key), maxKey)
+			}
+			if tag := hashTag(key); tag == "" || hashTag(key+controlSuffix) != tag {
+				t.Fatalf("key %q: hash tag %q, its record's %q", key, tag, hashTag(key+controlSuffix))
 			}
 		}
 	})

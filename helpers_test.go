@@ -66,15 +66,29 @@ func (c *cmdCounter) count(cmd redis.Cmder) {
 	if name == "script" && len(args) > 1 {
 		name += " " + strings.ToLower(fmt.Sprint(args[1]))
 	}
-	if name == "get" && len(args) > 1 && strings.HasSuffix(fmt.Sprint(args[1]), pausedSuffix) {
-		return // the pause listener's read, once per bucket when its first caller sleeps, never per decision
-	}
-	if (name == "evalsha" || name == "eval") && len(args) > 3 && strings.HasSuffix(fmt.Sprint(args[3]), controlSuffix) {
-		name = "control" // a read of the control record: see controlReads
+	if (name == "evalsha" || name == "eval") && len(args) > 3 && isRecordOp(args) {
+		// A read of the control record (see controlReads), or its EVAL
+		// fallback after NOSCRIPT.
+		name = strings.TrimSuffix("control "+name, " evalsha")
 	}
 	c.mu.Lock()
 	c.n[name]++
 	c.mu.Unlock()
+}
+
+// isRecordOp tells whether the arguments of an EVALSHA or EVAL are a
+// record operation of the bucket script: a read of the control record,
+// or an operator's change to it.
+func isRecordOp(args []any) bool {
+	numkeys, err := strconv.Atoi(fmt.Sprint(args[2]))
+	if err != nil || len(args) <= 3+numkeys || !strings.HasSuffix(fmt.Sprint(args[2+numkeys]), controlSuffix) {
+		return false
+	}
+	switch fmt.Sprint(args[3+numkeys]) {
+	case "read", "status", "limit", "clear", "hold", "resume":
+		return true
+	}
+	return false
 }
 
 // get returns how many commands named name were sent.
@@ -93,7 +107,7 @@ func (c *cmdCounter) total() int {
 	defer c.mu.Unlock()
 	n := 0
 	for name, v := range c.n {
-		if name != "control" {
+		if name != "control" && name != "control eval" {
 			n += v
 		}
 	}
@@ -269,15 +283,16 @@ func takeDues(cmd redis.Cmder, sent time.Time) []takeGrant {
 	if !isCmd || len(args) < 3 {
 		return nil
 	}
-	k, err := strconv.Atoi(fmt.Sprint(args[2]))
-	if err != nil || k < 1 || len(args) < 3+k+4+3*k || (len(args)-(3+k+4+3*k))%2 != 0 {
+	numkeys, err := strconv.Atoi(fmt.Sprint(args[2]))
+	k := numkeys - 1 // the layers; the control record's key comes last
+	if err != nil || k < 1 || len(args) < 3+numkeys+4+3*k || (len(args)-(3+numkeys+4+3*k))%2 != 0 {
 		return nil
 	}
-	argv := args[3+k:]
+	argv := args[3+numkeys:]
 	if fmt.Sprint(argv[0]) != "take" {
 		return nil
 	}
-	callers := 1 + (len(args)-(3+k+4+3*k))/2
+	callers := 1 + (len(args)-(3+numkeys+4+3*k))/2
 	var now time.Time
 	if s := fmt.Sprint(argv[3]); s != "" {
 		us, err := strconv.ParseInt(s, 10, 64)
@@ -302,7 +317,7 @@ func takeDues(cmd redis.Cmder, sent time.Time) []takeGrant {
 		return out
 	case []any:
 		stride := 2 + k
-		if len(v) != stride*callers {
+		if len(v) != stride*callers+2 { // and the pause the takes found
 			return nil
 		}
 		for j := range out {
@@ -346,14 +361,12 @@ func takeReplies(cmd *redis.Cmd) []any {
 	if len(args) < 3 {
 		return nil
 	}
-	k, err := strconv.Atoi(fmt.Sprint(args[2]))
-	if err != nil || k < 1 || len(args) < 3+k+4+3*k || fmt.Sprint(args[3+k]) != "take" {
+	numkeys, err := strconv.Atoi(fmt.Sprint(args[2]))
+	k := numkeys - 1
+	if err != nil || k < 1 || len(args) < 3+numkeys+4+3*k || fmt.Sprint(args[3+numkeys]) != "take" {
 		return nil
 	}
-	callers := 1 + (len(args)-(3+k+4+3*k))/2
-	if callers == 1 {
-		return []any{cmd.Val()}
-	}
+	callers := 1 + (len(args)-(3+numkeys+4+3*k))/2
 	out := make([]any, callers)
 	switch v := cmd.Val().(type) {
 	case int64:
@@ -363,7 +376,7 @@ func takeReplies(cmd *redis.Cmd) []any {
 		return out
 	case []any:
 		stride := 2 + k
-		if len(v) != stride*callers {
+		if len(v) != stride*callers+2 { // and the pause the takes found
 			return nil
 		}
 		for i := range out {

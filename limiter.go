@@ -36,10 +36,10 @@ type Limiter struct {
 	locals     localLimiters
 	workers    workers
 	updates    updates
-	sleepers   sleepers
 	slots      *slots
 	localSlots localSlots
 	resume     *script // resume.lua
+	events     *listener
 	controls   *controls
 }
 
@@ -52,13 +52,18 @@ func NewLimiter(rdb redis.Scripter, opts ...Option) *Limiter {
 	}
 	cfg := newConfig(opts)
 	l := &Limiter{
-		cfg:      cfg,
-		store:    newStore(rdb, cfg),
-		obs:      newObserver(cfg),
-		slots:    newSlots(rdb, cfg),
-		resume:   newScript(rdb, resumeSource),
-		controls: newControls(rdb, cfg),
+		cfg:    cfg,
+		store:  newStore(rdb, cfg),
+		obs:    newObserver(cfg),
+		resume: newScript(rdb, resumeSource),
+		events: newListener(rdb, cfg.prefix),
 	}
+	l.slots = newSlots(rdb, cfg, l.events)
+	l.controls = newControls(l.store.script, cfg, l.events)
+	l.events.handed = l.slots.handed
+	l.events.control = l.controls.announced
+	l.events.stopped = l.controls.forget
+	l.events.started = l.controls.resync
 	client := describeClient(rdb)
 	if cfg.name != "" {
 		client = cfg.name + " (" + client + ")"
@@ -76,7 +81,6 @@ func NewLimiter(rdb redis.Scripter, opts ...Option) *Limiter {
 		closed:      l.locals.reset,
 	}
 	l.workers.init(rdb, cfg)
-	l.sleepers.rdb = rdb
 	mp := cfg.meterProvider
 	if mp == nil {
 		mp = otel.GetMeterProvider()
@@ -126,7 +130,7 @@ func (l *Limiter) WaitN(ctx context.Context, name string, lim Limit, n float64) 
 // lives under the bucket's key and each further one under a key of its own
 // in the same Redis Cluster slot.
 func (l *Limiter) WaitAll(ctx context.Context, name string, n float64, lims ...Limit) error {
-	_, err := l.acquire(ctx, name, n, lims, 0, false)
+	_, err := l.acquire(ctx, name, ask{n: n, lims: lims})
 	return err
 }
 
@@ -153,25 +157,33 @@ func (l *Limiter) AllowN(ctx context.Context, name string, lim Limit, n float64)
 // WaitAll): it takes n tokens from every layer when all of them have them
 // now, and from none otherwise.
 func (l *Limiter) AllowAll(ctx context.Context, name string, n float64, lims ...Limit) (bool, error) {
-	_, err := l.acquire(ctx, name, n, lims, 0, true)
+	_, err := l.acquire(ctx, name, ask{n: n, lims: lims, noWait: true})
 	if errors.Is(err, ErrWouldWait) {
 		return false, nil
 	}
 	return err == nil, err
 }
 
-// acquire takes n tokens from every layer of the bucket called name for
-// WaitAll, or, when noWait is set (AllowAll, WithNoWait), only if they are
-// available now, failing with ErrWouldWait otherwise. When slots is above
-// zero it then waits for one of the bucket's slots: the caller seeks its
-// slot once its tokens fall due, so that a caller waiting for tokens holds
-// no slot, and when no slot comes the tokens go back to the bucket. With
-// noWait the slot is tried first, and handed back when the tokens are not
-// there. Under WithDryRun it records what it would have done and returns at
-// once, with an error only when ctx has ended, holding a slot only if one
-// was free.
-func (l *Limiter) acquire(ctx context.Context, name string, n float64, lims []Limit, slots int, noWait bool) (_ *Slot, err error) {
-	ctx, span := l.obs.start(ctx, name, n)
+// ask is what one acquisition asks for: n tokens from each of the layers
+// lims, and, when slots is above zero, one of the bucket's slots; at once
+// or not at all when noWait is set (AllowAll, WithNoWait), failing with
+// ErrWouldWait otherwise.
+type ask struct {
+	n      float64
+	lims   []Limit
+	slots  int
+	noWait bool
+}
+
+// acquire serves an ask on the bucket called name: the one acquisition
+// path. It takes the slot first and then the tokens, so that the grant is
+// fresh when the request goes: a caller never sends on tokens taken before
+// it waited for a slot, and so never on a grant that a pause or a change
+// of the Limit overtook meanwhile. Under WithDryRun it records what it
+// would have done and returns at once, with an error only when ctx has
+// ended, holding a slot only if one was free.
+func (l *Limiter) acquire(ctx context.Context, name string, o ask) (_ *Slot, err error) {
+	ctx, span := l.obs.start(ctx, name, o.n)
 	span.mode, span.dryRun = l.breaker.mode(), l.cfg.dryRun
 	defer func() {
 		span.end(err)
@@ -180,7 +192,7 @@ func (l *Limiter) acquire(ctx context.Context, name string, n float64, lims []Li
 		}
 	}()
 
-	b, err := l.bucket(name, lims)
+	b, err := l.bucket(name, o.lims)
 	if err != nil {
 		return nil, err
 	}
@@ -188,94 +200,71 @@ func (l *Limiter) acquire(ctx context.Context, name string, n float64, lims []Li
 		return nil, err
 	}
 	span.limit(b.lims[0])
-	if err := b.checkTokens(n); err != nil {
+	if err := b.checkTokens(o.n); err != nil {
 		return nil, err
 	}
-	if slots != 0 {
-		if err := checkSlots(slots); err != nil {
-			return nil, err
-		}
+	if o.slots == 0 {
+		return nil, l.waitTokens(ctx, &span, b, o)
 	}
-	if err := l.awaitPause(ctx, &span, b, noWait); err != nil {
+	if err := checkSlots(o.slots); err != nil {
 		return nil, err
 	}
-	if slots == 0 {
-		_, err := l.waitTokens(ctx, &span, &b, n, noWait)
+	// A pause the caller is to wait out, it waits out before it queues for
+	// a slot, so as not to hold one idle meanwhile.
+	if err := l.awaitPause(ctx, &span, b, &o); err != nil {
 		return nil, err
 	}
-	if noWait || span.dryRun {
-		slot, err := l.acquireSlot(ctx, &span, b, slots, true)
-		switch {
-		case err == errNoSlot && span.dryRun:
-			slot = nil // measured: it would have waited for a slot
-		case err == errNoSlot:
-			return nil, fmt.Errorf("%w: every one of %q's %d slots is in use", ErrWouldWait, name, slots)
-		case err != nil:
-			return nil, err
-		}
-		if _, err := l.waitTokens(ctx, &span, &b, n, noWait); err != nil {
-			slot.Release()
-			return nil, err
-		}
-		return slot, nil
-	}
-	g, err := l.waitTokens(ctx, &span, &b, n, false)
-	if err != nil {
+	slot, err := l.acquireSlot(ctx, &span, b, o.slots, o.noWait || span.dryRun)
+	switch {
+	case err == errNoSlot && span.dryRun:
+		slot = nil // measured: it would have waited for a slot
+	case err == errNoSlot:
+		return nil, fmt.Errorf("%w: every one of %q's %d slots is in use", ErrWouldWait, name, o.slots)
+	case err != nil:
 		return nil, err
 	}
-	slot, err := l.acquireSlot(ctx, &span, b, slots, false)
-	if err != nil && g.tats != nil {
-		go l.refund(context.WithoutCancel(ctx), b, n, g.tats)
+	if err := l.waitTokens(ctx, &span, b, o); err != nil {
+		slot.Release()
+		return nil, err
 	}
-	return slot, err
+	return slot, nil
 }
 
-// waitTokens waits for n tokens of bucket *bp and returns the grant of the
-// shared bucket, if it granted them. When the bucket's control record
-// changes how it is taken before the take is sent, it takes under the
-// change, and leaves *bp as it took from it.
-func (l *Limiter) waitTokens(ctx context.Context, span *waitSpan, bp *bucket, n float64, noWait bool) (grant, error) {
-	b := *bp
+// waitTokens waits for o.n tokens of bucket b, under its control record as
+// the Limiter knows it when it asks. Every way back into its loop either
+// sleeps or changes mode: it never calls Redis twice without a pause.
+func (l *Limiter) waitTokens(ctx context.Context, span *waitSpan, b bucket, o ask) error {
 	name := b.name
-	// retake makes b the bucket under its control record as the Limiter
-	// knows it now, and waits for a pause in force.
-	retake := func() error {
-		*bp, _ = b.recontrolled()
-		b = *bp
-		span.limit(b.lims[0])
-		if err := b.checkTokens(n); err != nil {
+	for {
+		if b.ctl != nil {
+			b = b.under(b.ctl)
+			span.limit(b.lims[0])
+		}
+		if err := b.checkTokens(o.n); err != nil {
 			return err
 		}
-		return l.awaitPause(ctx, span, b, noWait)
-	}
-	for {
+		if err := l.awaitPause(ctx, span, b, &o); err != nil {
+			return err
+		}
 		if mode := l.breaker.mode(); mode != ModeShared {
 			span.mode = mode
 			l.breaker.touch(b)
-			wait, err := l.degradedWait(ctx, b, n, mode, noWait)
+			wait, err := l.degradedWait(ctx, b, o.n, mode, o.noWait)
 			span.wait = wait
 			if err == errAskAgain {
-				continue // Redis may be back by now
+				continue // slept MaxWait: Redis may be back by now
 			}
-			return grant{}, err
+			return err
 		}
 		maxWait, deadline := l.maxWait(ctx)
-		if noWait {
+		if o.noWait {
 			maxWait = 0
 		}
-		g, trips, err := l.store.take(ctx, b, n, maxWait)
+		g, trips, err := l.store.take(ctx, b, o.n, maxWait)
 		span.trips += trips
-		if err == errRecontrolled {
-			// Its call was held while the Limiter learned of another
-			// Limit or a pause: it takes under them, as if it came now.
-			if err := retake(); err != nil {
-				return grant{}, err
-			}
-			continue
-		}
 		if err != nil {
 			if cerr := l.classify(ctx, err); !errors.Is(cerr, ErrUnavailable) {
-				return grant{}, cerr
+				return cerr
 			}
 			l.breaker.trip(b, err)
 			continue // the policy serves this request too
@@ -283,64 +272,70 @@ func (l *Limiter) waitTokens(ctx context.Context, span *waitSpan, bp *bucket, n 
 		l.workers.heartbeat()
 		if g.granted {
 			if l.cfg.policy.mode() == ModeLocal {
-				l.locals.granted(name, g.wait)
+				l.locals.granted(b.keys[0], g.wait)
 			}
 			if span.dryRun {
 				span.wait = g.wait
-				return g, nil
+				return nil
 			}
 			moved, err := l.sleepOn(ctx, b, g)
-			if moved != 0 && g.tats != nil {
-				g.tats = slices.Clone(g.tats)
-				for i := range g.tats {
-					g.tats[i] += moved.Microseconds()
-				}
-			}
 			if err != nil {
-				go l.refund(context.WithoutCancel(ctx), b, n, g.tats)
-				if err == errOutpaced {
-					// Taken at the old pace after a change to a slower
-					// one: take again, at the pace now in force.
-					if err := retake(); err != nil {
-						return grant{}, err
+				tats := g.tats
+				if moved != 0 && tats != nil {
+					tats = slices.Clone(tats)
+					for i := range tats {
+						tats[i] += moved.Microseconds()
 					}
+				}
+				go l.refund(context.WithoutCancel(ctx), b, o.n, tats)
+				if err == ErrWouldExceedDeadline {
+					return fmt.Errorf("%w: a pause moved %q's grant by %v", ErrWouldExceedDeadline, name, moved)
+				}
+				return err
+			}
+			return nil
+		}
+		if g.wait < 0 {
+			// Paused until a resume, which the Limiter had not heard of:
+			// it reads the record, and waits for the pause as the callers
+			// after it will. Should the record say otherwise, it takes
+			// again minRetry later, not at once.
+			switch {
+			case o.noWait:
+				return fmt.Errorf("%w: %q is paused until resumed", ErrWouldWait, name)
+			case span.dryRun:
+				return nil
+			}
+			if b.ctl != nil {
+				sent, err := l.controls.readNow(ctx, b.ctl)
+				if sent {
+					span.trips++
+				}
+				if err != nil {
+					return l.classify(ctx, err)
+				}
+				if _, _, paused := b.ctl.load().pausedAt(time.Now()); paused {
 					continue
 				}
-				if err == ErrWouldExceedDeadline {
-					return grant{}, fmt.Errorf("%w: a pause moved %q's grant by %v", ErrWouldExceedDeadline, name, moved)
-				}
-				return grant{}, err
 			}
-			return g, nil
-		}
-		if g.wait > pausedForever && b.ctl != nil && !noWait && !span.dryRun {
-			// The bucket was paused with no end after this caller left
-			// awaitPause: it waits for the pause as the callers after it.
-			sent, err := l.controls.readNow(ctx, b.ctl)
-			if sent {
-				span.trips++
-			}
-			if err != nil {
-				return grant{}, l.classify(ctx, err)
-			}
-			if err := l.awaitPause(ctx, span, b, false); err != nil {
-				return grant{}, err
+			if err := sleep(ctx, minRetry); err != nil {
+				return err
 			}
 			continue
 		}
 		switch {
-		case noWait:
-			return grant{}, fmt.Errorf("%w: %q needs %v", ErrWouldWait, name, g.wait)
+		case o.noWait:
+			return fmt.Errorf("%w: %q needs %v", ErrWouldWait, name, g.wait)
 		case deadline:
-			return grant{}, fmt.Errorf("%w: %q needs %v", ErrWouldExceedDeadline, name, g.wait)
+			return fmt.Errorf("%w: %q needs %v", ErrWouldExceedDeadline, name, g.wait)
 		case span.dryRun:
 			// Enforced, the caller would sleep MaxWait and ask again: its
 			// wait would be about what the script replied, at least that.
 			span.wait = g.wait
-			return grant{}, nil
+			return nil
 		}
 		if err := sleep(ctx, maxWait); err != nil {
-			return grant{}, err
+			return err
 		}
 	}
 }

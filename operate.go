@@ -14,6 +14,12 @@ import (
 // Forever, given to Pause, pauses a bucket until Resume.
 const Forever time.Duration = math.MaxInt64
 
+// Who set a bucket's pause, as Status reports it.
+const (
+	PausedByProvider = "provider"
+	PausedByOperator = "operator"
+)
+
 // Status is a bucket as Limiter.Status reads it from Redis.
 type Status struct {
 	// Name is the bucket's name.
@@ -32,10 +38,14 @@ type Status struct {
 	Queue time.Duration
 	// Paused tells whether a pause is in force; PausedSince is when it
 	// began and PausedUntil when it ends, the zero Time for a pause with
-	// no end (Forever).
+	// no end (Forever). PausedBy tells who set its end: PausedByProvider
+	// (a Retry-After, or none remaining until a reset) or PausedByOperator
+	// (Pause). A bucket has one pause, whoever asks: it ends at the latest
+	// end asked for.
 	Paused      bool
 	PausedSince time.Time
 	PausedUntil time.Time
+	PausedBy    string
 	// Workers is the number of Limiters that used the bucket in the last
 	// five seconds.
 	Workers int
@@ -70,12 +80,14 @@ func (l *Limiter) ClearLimit(ctx context.Context, name string) error {
 
 // Pause stops every grant from the bucket called name, in every process
 // that shares the Redis and the prefix, for d, or until Resume when d is
-// Forever. Grants already given and not yet due are held as well: a grant
-// due t after the pause began falls due t after it ends, so that the
-// queue resumes in its order and at its pace. Callers wait through the
-// pause within their deadlines (Allow and WithNoWait refuse at once). A
-// pause while one is in force extends it, never shortens it. A d below a
-// microsecond fails with ErrInvalidLimit.
+// Forever. The pause is written into the bucket, so that every take sees
+// it, whatever its Limiter has heard. Grants already given and not yet due
+// are held as well: a grant due t after the pause began falls due t after
+// it ends, so that the queue resumes in its order and at its pace. Callers
+// wait through the pause within their deadlines (Allow and WithNoWait
+// refuse at once). A bucket has one pause, shared with the provider's
+// Retry-After: a pause while one is in force extends it, never shortens
+// it. A d below a microsecond fails with ErrInvalidLimit.
 func (l *Limiter) Pause(ctx context.Context, name string, d time.Duration) error {
 	arg := "forever"
 	if d != Forever {
@@ -84,11 +96,12 @@ func (l *Limiter) Pause(ctx context.Context, name string, d time.Duration) error
 		}
 		arg = strconv.FormatInt(d.Microseconds(), 10)
 	}
-	_, err := l.operate(ctx, name, "pause", arg, "")
+	_, err := l.operate(ctx, name, "hold", arg, "")
 	return err
 }
 
-// Resume ends the pause of the bucket called name, if one is in force.
+// Resume ends the pause of the bucket called name, if one is in force,
+// whoever set it: the grants it held fall due as if it had ended now.
 func (l *Limiter) Resume(ctx context.Context, name string) error {
 	_, err := l.operate(ctx, name, "resume", "", "")
 	return err
@@ -97,7 +110,7 @@ func (l *Limiter) Resume(ctx context.Context, name string) error {
 // Status reads the bucket called name from Redis: the Limit in force and
 // the tokens it holds, its queue, its pause and its users.
 func (l *Limiter) Status(ctx context.Context, name string) (Status, error) {
-	r, err := l.operate(ctx, name, "status")
+	r, err := l.operate(ctx, name, "status", "", "")
 	if err != nil {
 		return Status{}, err
 	}
@@ -124,8 +137,9 @@ func (l *Limiter) Status(ctx context.Context, name string) (Status, error) {
 			st.PausedUntil = time.UnixMicro(r.until)
 			st.Paused = r.until > r.now
 		}
+		st.PausedBy = r.source
 		if !st.Paused {
-			st.PausedSince, st.PausedUntil = time.Time{}, time.Time{}
+			st.PausedSince, st.PausedUntil, st.PausedBy = time.Time{}, time.Time{}, ""
 		}
 	}
 	// The roll call of CountingWorkers, which lives beside the buckets.
@@ -164,8 +178,8 @@ func (l *Limiter) operate(ctx context.Context, name, op string, args ...any) (re
 	if err != nil {
 		return record{}, err
 	}
-	keys := []string{key + controlSuffix, key}
-	if op == "pause" || op == "resume" {
+	keys := []string{key}
+	if op == "hold" || op == "resume" {
 		// A pause moves the queues of every layer the Limiters use.
 		layers, err := l.layersOf(ctx, key)
 		if err != nil {
@@ -175,11 +189,8 @@ func (l *Limiter) operate(ctx context.Context, name, op string, args ...any) (re
 			keys = append(keys, key+suffix)
 		}
 	}
-	argv := append([]any{op}, args...)
-	if op != "status" {
-		argv = append(argv, l.cfg.prefix+controlChannel)
-	}
-	cmd, _ := l.controls.script.run(ctx, keys, argv...)
+	keys = append(keys, key+controlSuffix)
+	cmd, _ := l.controls.script.run(ctx, keys, op, args[0], args[1], l.store.now(), l.cfg.prefix+controlChannel)
 	if err := cmd.Err(); err != nil {
 		return record{}, l.classify(ctx, err)
 	}
@@ -188,10 +199,7 @@ func (l *Limiter) operate(ctx context.Context, name, op string, args ...any) (re
 		return record{}, err
 	}
 	if op != "status" {
-		l.controls.mu.RLock()
-		e := l.controls.m[key]
-		l.controls.mu.RUnlock()
-		if e != nil {
+		if e := l.controls.lookup(key); e != nil {
 			_, _ = l.controls.readNow(ctx, e)
 		}
 	}

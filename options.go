@@ -46,6 +46,7 @@ type config struct {
 	slotLease      time.Duration
 
 	// Transport
+	limiter         *Limiter // shared; nil: the Transport's own
 	base            http.RoundTripper
 	key             KeyFunc
 	limits          map[string]Limit
@@ -105,6 +106,21 @@ func WithMaxWait(d time.Duration) Option {
 // Limiter's callers who must not wait use Limiter.Allow.
 func WithNoWait() Option {
 	return optionFunc(func(c *config) { c.noWait = true })
+}
+
+// WithLimiter makes a Transport take its tokens from l, shared with the
+// other Transports and callers that use l, instead of from a Limiter of
+// its own: stacked or per-endpoint Transports then share one subscription
+// to Redis, one view of each bucket's pause and Limit, and one breaker.
+// NewTransport's rdb is then unused and may be nil, and the options that
+// configure a Limiter (WithPrefix, WithPolicy, WithMaxWait, WithDryRun,
+// ...) are l's own: given to NewTransport beside WithLimiter, they are
+// ignored. NewLimiter ignores WithLimiter. It panics if l is nil.
+func WithLimiter(l *Limiter) Option {
+	if l == nil {
+		panic("quota: WithLimiter(nil)")
+	}
+	return optionFunc(func(c *config) { c.limiter = l })
 }
 
 // WithBatching sets whether the callers of one bucket in one Limiter share

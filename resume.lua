@@ -6,13 +6,20 @@
 -- ARGV[1]  how long after the first Limiter that finds Redis again the
 --          fleet resumes, in microseconds: longer than the longest
 --          interval between two probes of any Limiter.
+-- ARGV[2]  now in microseconds, or "" to use the server's clock (TIME).
 --
 -- Reply: microseconds from now until the fleet resumes the shared bucket,
 -- zero or less when it already has. The first caller sets the instant;
 -- the key lingers one more ARGV[1] after it, then expires.
 
-local t = redis.call('TIME')
-local now = t[1] * 1000000 + t[2]
+local now = tonumber(ARGV[2])
+if not now then
+  if redis.replicate_commands then
+    redis.replicate_commands() -- lets TIME precede writes on Redis < 5
+  end
+  local t = redis.call('TIME')
+  now = t[1] * 1000000 + t[2]
+end
 local delay = tonumber(ARGV[1])
 local at = tonumber(redis.call('GET', KEYS[1]))
 if not at then

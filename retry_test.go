@@ -85,18 +85,23 @@ func TestRetryEveryAttemptTakesAToken(t *testing.T) {
 
 func TestRetryAfter429WaitsForATokenToo(t *testing.T) {
 	// One token, refilled every 2s: the retry, due 1s after the 429 by its
-	// Retry-After, still has to wait for its token, 2s after the first.
+	// Retry-After, still has to wait for its token. The pause moved the
+	// bucket's queue by its length, as every pause does: the token falls
+	// due 2s after the first, and 1s later.
 	r := retryAfter429(t, Limit{Rate: 0.5, Burst: 1})
 	t.Logf("the retry's token fell due %v after the first attempt began (which took %v); it reached the provider %v after the 429",
 		r.retry.Due.Sub(r.begun), r.first.Sub(r.begun), r.gap)
 	// The first take emptied the bucket between the start and the first
-	// attempt; the retry's token falls due 2s after, to the microsecond.
+	// attempt, and the 429 came back after it: the retry's token falls due
+	// 3s after the first take at the earliest, and 3s after the 429 at the
+	// latest.
+	const due = 3 * time.Second
 	switch rt := r.retry; {
-	case !rt.Waited && rt.Sent.Before(r.begun.Add(2*time.Second)):
-		t.Errorf("the retry's token was granted at once %v after the first attempt began, want none for 2s", rt.Sent.Sub(r.begun))
-	case rt.Waited && (rt.Due.Before(r.begun.Add(2*time.Second-time.Microsecond)) || rt.Due.After(r.first.Add(2*time.Second+time.Microsecond))):
-		t.Errorf("the retry's token fell due %v after the first attempt began, want 2s after the first take, within %v",
-			rt.Due.Sub(r.begun), r.first.Sub(r.begun))
+	case !rt.Waited && rt.Sent.Before(r.begun.Add(due)):
+		t.Errorf("the retry's token was granted at once %v after the first attempt began, want none for %v", rt.Sent.Sub(r.begun), due)
+	case rt.Waited && (rt.Due.Before(r.begun.Add(due-time.Microsecond)) || rt.Due.After(r.first.Add(due+r.gap))):
+		t.Errorf("the retry's token fell due %v after the first attempt began, want %v after the first take, within %v",
+			rt.Due.Sub(r.begun), due, r.first.Sub(r.begun))
 	}
 	if late := r.second.Sub(r.retry.Due); late < 0 || late > maxJitter {
 		t.Errorf("the retry reached the provider %v after its token fell due", late)

@@ -1,7 +1,8 @@
--- quota: one token bucket per key, refilled, checked and taken in one call.
+-- quota: one bucket in Redis, its token layers and its control record,
+-- read and changed in one call.
 --
--- A bucket is kept as a single number, its theoretical arrival time (tat):
--- the instant, in microseconds, at which the bucket would be full again. At
+-- A layer is kept as a single number, its theoretical arrival time (tat):
+-- the instant, in microseconds, at which the layer would be full again. At
 -- time now it holds burst - (tat - now) * rate tokens, so tokens can run into
 -- debt: a take always succeeds when its wait is acceptable, moves tat forward
 -- and tells the caller how long to sleep until its tokens have accrued. Later
@@ -11,107 +12,139 @@
 -- one key per layer, all in the bucket's hash slot, checked and taken
 -- together, all or nothing.
 --
--- KEYS[i]      the key of layer i; for pause, one more key after the
---              layers' records when the current pause ends and how it
---              moved the queue: "<end> <at>:<shift> ..." (microseconds).
--- ARGV[1]      operation: "take", "refund", "probe", "pause", "lower" or
---              "adjust".
--- ARGV[2]      take, refund: n, the tokens to take or hand back (> 0);
---              pause: how long, in microseconds, nothing may be granted;
---              lower: the tokens the provider says remain (>= 0);
---              adjust: tokens to take (> 0) or give back (< 0) at once.
--- ARGV[3]      take: the longest wait the caller accepts, in microseconds;
---              pause: the command that announces the pause, PUBLISH or
---              SPUBLISH (Cluster), or "" for none.
--- ARGV[4]      now in microseconds, or "" to use the server's clock (TIME).
--- ARGV[3i+2]   layer i's rate, tokens per second (> 0).
--- ARGV[3i+3]   layer i's burst, the tokens it holds (>= n).
--- ARGV[3i+4]   refund: the tat of layer i that the take being cancelled
---              returned; otherwise 0.
--- ARGV[3k+2c+1], ARGV[3k+2c+2]
---              take for several callers at once (a batch): caller c's n and
---              longest wait, for c = 2 ... m; caller 1's are ARGV[2] and
---              ARGV[3]. k is the number of layers.
+-- The control record, a hash beside the layers, holds what changes how the
+-- bucket is taken, whoever set it:
+--   rate, burst   the operator's override of the first layer's Limit;
+--                 every operation computes with it in place of the Limit
+--                 its caller passes;
+--   since, until  the bucket's pause, one for every source: when it began
+--                 and when it ends, microseconds, "forever" until a
+--                 resume; a pause whose until has passed is over;
+--   shifted       how far the pause has moved the layers' queues so far;
+--   src           who set the pause's end: "provider" or "operator";
+--   changed, pivot, prev, during
+--                 when the Limit in force last changed, the instant from
+--                 which the queue was rescaled, the rate before, and the
+--                 pause then in force, "<since> <shifted>", or "": a later
+--                 change of that pause moves the pivot with the queue;
+--   seen          the first layer's Limit the Limiters last passed,
+--                 "<rate> <burst>"; layers, the further layers' key
+--                 suffixes; u:<id>, a Limiter that used the bucket lately,
+--                 until when (ms); users, how many u: fields the last
+--                 sweep left.
 --
--- Reply: {granted, wait, tat_1, ..., tat_k}, integers.
---   take:   granted is 1 when the tokens were taken from every layer, in
---           which case wait (us, rounded to the nearest) is how long until
---           they have accrued in all of them; when the wait would exceed
---           ARGV[3], granted is 0, nothing is taken and wait says how long
---           it would have been. The tats (us, rounded down) identify the
---           take for a later refund. A take granted without a wait, which
---           nothing can cancel, replies the integer 0 alone instead: the
+-- KEYS[1..k]  the layers' keys, the first layer's being the bucket's key.
+-- KEYS[k+1]   the control record.
+-- KEYS[k+2]   adjust only: the ids of the settles applied lately, a sorted
+--             set scored by when each may be forgotten (ms).
+-- ARGV[1]     operation. On the layers: "take", "refund", "probe",
+--             "pause", "lower", "adjust"; on the record: "read", "status",
+--             "limit", "clear", "hold" (an operator's pause) and "resume".
+-- ARGV[4]     now in microseconds, or "" to use the server's clock (TIME).
+--
+-- The layer operations:
+-- ARGV[2]     take, refund: n, the tokens to take or hand back (> 0);
+--             pause: how long, in microseconds, nothing may be granted;
+--             lower: the tokens the provider says remain (>= 0);
+--             adjust: tokens to take (> 0) or give back (< 0) at once.
+-- ARGV[3]     take: the longest wait the caller accepts, in microseconds;
+--             pause: the channel that announces it, or "" for none;
+--             adjust: the settle's id, "" for none.
+-- ARGV[3i+2]  layer i's rate, tokens per second (> 0).
+-- ARGV[3i+3]  layer i's burst, the tokens it holds (>= n).
+-- ARGV[3i+4]  refund: the tat of layer i that the take being cancelled
+--             returned; otherwise 0.
+-- ARGV[3k+2c+1], ARGV[3k+2c+2]
+--             take for several callers at once (a batch): caller c's n and
+--             longest wait, for c = 2 ... m; caller 1's are ARGV[2] and
+--             ARGV[3].
+--
+-- The record operations:
+-- ARGV[2]     read: "<rate> <burst>" the Limiter passes; limit: the rate;
+--             hold: how long in microseconds, or "forever".
+-- ARGV[3]     read: the further layers' suffixes; limit: the burst.
+-- ARGV[5]     read: the Limiter's id; limit, clear, hold, resume: the
+--             channel that announces a change.
+--
+-- Replies.
+--   take:   {granted, wait, tat_1, ..., tat_k}, integers. granted is 1 when
+--           the tokens were taken from every layer, in which case wait (us,
+--           rounded to the nearest) is how long until they have accrued in
+--           all of them; when the wait would exceed ARGV[3], granted is 0,
+--           nothing is taken and wait says how long it would have been, or
+--           is -1 while the bucket is paused until a resume. The tats (us,
+--           rounded down) identify the take for a later refund. A take
+--           granted without a wait replies the integer 0 alone instead: the
 --           cheapest reply there is, for the commonest case.
 --           A batch serves its callers in order, each from the bucket as
 --           the one before it left it, and each granted or refused on its
---           own: a refused caller takes nothing and the next one still
---           goes. It replies the callers' replies one after another, each
---           {granted, wait, tat_1, ..., tat_k} as above, m x (2 + k)
---           integers; or the integer 0 alone when every caller was granted
---           without a wait.
---   others: {1, 0, tats} after the operation:
---   refund  hands back what no later take is queued behind;
---   probe   rewrites each layer as it is, a write that changes nothing, to
---           learn whether the server accepts writes;
---   pause   grants nothing before now + ARGV[2], as a provider's
---           Retry-After asks, and then at most one token a layer. The
---           queue moves behind the pause in one piece, keeping its order
---           and its spacing: a layer with grants scheduled beyond now
---           moves its tat by the part of the pause that extends the one in
---           force, if any; the refill of a layer without them goes on. The command
---           of ARGV[3] announces "<now> <shift>" (microseconds) on the
---           channel KEYS[1]..":pause", so that every process can move its
---           callers still sleeping on grants taken before now;
---   lower   leaves each layer at most ARGV[2] tokens, never raising it;
---   adjust  takes (or gives back) tokens now, without waiting.
+--           own. It replies the callers' replies one after another, m x
+--           (2 + k) integers; or the integer 0 alone when every caller was
+--           granted without a wait. A reply other than 0 ends with two
+--           more integers, the pause the takes found in force: when it
+--           began and how far it had moved the queues by then (us), or 0
+--           and 0.
+--   other layer operations: {1, 0, tats} after the operation;
+--   record operations: {now, rate, burst, since, until, seen, users, tat,
+--           changed, src, pivot, prev, during}, strings, "" for what is absent; users
+--           and tat (the first layer's, as it stands before a pause moved
+--           it) for status only.
 --
--- A key expires when its layer is full again: an absent key and a full
--- layer are the same state, so idle buckets cost no memory.
-
--- The script runs on every request, on Redis's one thread, so it keeps
--- to plain arithmetic on locals: no closures, no table a layer, each
--- argument converted once where it can be.
+-- refund  hands back what no later take is queued behind;
+-- probe   rewrites each layer as it is, to learn whether the server accepts
+--         writes;
+-- pause, hold
+--         grant nothing before now + ARGV[2] (see pauseTo);
+-- lower   leaves each layer at most ARGV[2] tokens, never raising it;
+-- adjust  takes (or gives back) tokens now, without waiting, once per id.
+--
+-- A layer key expires when its layer is full again: an absent key and a
+-- full layer are the same state, so idle buckets cost no memory. The
+-- record expires with its pause and its layers (see expire).
 
 local op = ARGV[1]
-local n = tonumber(ARGV[2])
 local now = ARGV[4]
 if now == '' then
+  if redis.replicate_commands then
+    redis.replicate_commands() -- lets TIME precede writes on Redis < 5
+  end
   local t = redis.call('TIME')
   now = t[1] * 1000000 + t[2]
 else
   now = tonumber(now)
 end
-
--- The reply, {granted, wait, tat_1, ..., tat_k}, holds the layers' tats
--- while the script works on them; it is made with room for one layer.
--- Times are in microseconds; tokens accrue in layer i at rate ARGV[3i+2]
--- a second, so t tokens take t / rate * 1000000 (dividing first keeps
--- extreme rates finite).
-local r = {1, 0, 0}
-local k = #KEYS
-local shift = 0 -- pause: how far the queue moves
-if op == 'pause' then
+local k = #KEYS - 1
+if op == 'adjust' then
   k = k - 1
-  -- The record: "<end>" and the announcements of the pause in force,
-  -- " <at>:<shift>" each, the last four, for a Limiter that starts
-  -- listening after them.
-  local record = redis.call('GET', KEYS[k + 1]) or ''
-  local pausedUntil = string.match(record, '^%d+')
-  pausedUntil = pausedUntil and tonumber(pausedUntil) or 0
-  local from = math.max(now, pausedUntil)
-  if now + n > from then
-    shift = now + n - from
-    local said = {}
-    if pausedUntil > now then
-      for a in string.gmatch(record, ' %d+:%d+') do
-        said[#said + 1] = a
-      end
-    end
-    said[#said + 1] = string.format(' %d:%d', now, shift)
-    record = string.format('%d', now + n) .. table.concat(said, '', math.max(1, #said - 3))
-    redis.call('SET', KEYS[k + 1], record, 'PX', math.ceil(n / 1000))
-  end
 end
+local ctl = KEYS[k + 1]
+local record = op == 'read' or op == 'status' or op == 'limit' or op == 'clear' or op == 'hold' or op == 'resume'
+
+-- The pause and the override, as every operation needs them.
+local f = redis.call('HMGET', ctl, 'since', 'until', 'shifted', 'rate', 'burst', 'seen')
+local since, untilv, shifted = tonumber(f[1]), f[2], tonumber(f[3]) or 0
+local forever = untilv == 'forever'
+local ends = tonumber(untilv) -- nil while forever
+local paused = since ~= nil and (forever or ends > now)
+-- origin is the instant the layers are reckoned from: now, or while a
+-- pause is in force the point its shifts have moved the queues to (its
+-- end, or while it has none the end it had, or its start), before which
+-- nothing falls due.
+local function origin()
+  if paused then
+    return since + shifted
+  end
+  return now
+end
+
+-- The layers: tats, rates and bursts. r is the reply's {granted, wait,
+-- tat_1, ..., tat_k}. The first layer computes with the override when
+-- there is one (unless KEYS[1] is a further layer's, updated alone after
+-- an outage); a record operation, which is passed no Limits, reads the
+-- first layer's from the record and the others' from their keys, which
+-- name them, and leaves a layer whose Limit it cannot know as it is.
+local r = {1, 0}
+local rates, fulls = {}, {}
 for i = 1, k do
   local state = redis.call('GET', KEYS[i])
   local tat = tonumber(state)
@@ -122,17 +155,215 @@ for i = 1, k do
     tat = now
   end
   r[i + 2] = tat
+  local rate, burst
+  if i == 1 and f[4] and f[5] and ctl == KEYS[1] .. ':ctl' then
+    rate, burst = tonumber(f[4]), tonumber(f[5])
+  elseif not record then
+    rate, burst = tonumber(ARGV[3 * i + 2]), tonumber(ARGV[3 * i + 3])
+  elseif i == 1 and f[6] then
+    rate, burst = string.match(f[6], '^(%S+) (%S+)$')
+    rate, burst = tonumber(rate), tonumber(burst)
+  elseif i > 1 then
+    rate, burst = string.match(KEYS[i], ':([^:/]+)/([^:/]+)$')
+    rate, burst = tonumber(rate), tonumber(burst)
+  end
+  if rate and burst and rate > 0 then
+    rates[i], fulls[i] = rate, burst / rate * 1000000
+  end
 end
 
-if op == 'take' and #ARGV > 3 * k + 4 then
-  -- A batch. The same arithmetic as one take below, for each caller in
-  -- turn, on the layers' tats as the callers before it left them; each
-  -- layer is written once, at the end.
-  local tats, rates, fulls = {}, {}, {}
+-- write sets layer i's tat to v, or deletes its key when v has passed.
+-- While a pause with no end is in force, a layer that owes anything
+-- beyond the pause's origin keeps it until the resume moves it: its key
+-- does not expire meanwhile.
+local function write(i, v)
+  if forever and paused and v > since + shifted then
+    redis.call('SET', KEYS[i], v)
+  elseif v <= now then
+    redis.call('DEL', KEYS[i])
+  else
+    redis.call('SET', KEYS[i], v, 'PX', math.ceil((v - now) / 1000))
+  end
+end
+
+-- floor returns the earliest tat of layer i while a pause in force ends
+-- at ends: at its end the layer holds at most one token.
+local function floor(i, v)
+  if paused and ends and rates[i] then
+    return math.max(v, ends + fulls[i] - math.min(1000000 / rates[i], fulls[i]))
+  end
+  return v
+end
+
+-- pauseTo makes the bucket grant nothing before e (microseconds; nil for
+-- until a resume), as src asks; a pause in force that ends later stays.
+-- It is the one place a pause moves the queue: the layers' queues move in
+-- one piece, keeping their order and spacing, so that a grant due t after
+-- the pause began falls due t after it ends, and at the end each layer
+-- holds at most one token. A pause with no end moves nothing until it
+-- ends, and keeps what the layers owe; meanwhile every take is refused.
+-- resume ends a pause at now, e being now, and moves the queues by what
+-- the pause lasted beyond the shifts already made. It returns whether
+-- anything changed.
+local function pauseTo(e, src, resume)
+  if resume then
+    if not paused then
+      return false
+    end
+  elseif not paused then
+    since, shifted = now, 0
+  elseif forever or (e and e <= ends) then
+    return false
+  end
+  local from = since + shifted -- where the queues stand moved to
+  ends, forever, paused = e, e == nil, true
+  for i = 1, k do
+    local tat = r[i + 2]
+    local v = tat
+    if e and tat > from then
+      v = tat + e - from
+    end
+    v = floor(i, v)
+    if v ~= tat or (not e and tat > from) then
+      write(i, v)
+      r[i + 2] = v
+    end
+  end
+  if e then
+    shifted = e - since
+  end
+  redis.call('HSET', ctl, 'since', string.format('%d', since), 'until', e and string.format('%d', e) or 'forever',
+    'shifted', string.format('%d', shifted), 'src', src)
+  return true
+end
+
+-- expire keeps the record while it holds an override or a pause with no
+-- end, and otherwise for as long as its pause or its layers' keys, and
+-- keep at least.
+local keep = 10000 -- ms
+local function expire()
+  local g = redis.call('HMGET', ctl, 'rate', 'until')
+  if g[1] or g[2] == 'forever' then
+    redis.call('PERSIST', ctl)
+    return
+  end
+  local ttl = keep
+  if g[2] then
+    ttl = math.max(ttl, math.ceil((tonumber(g[2]) - now) / 1000))
+  end
+  for i = 1, k do
+    ttl = math.max(ttl, redis.call('PTTL', KEYS[i]))
+  end
+  redis.call('PEXPIRE', ctl, ttl)
+end
+
+if record then
+  local users, tat
+  local use = 5000 -- ms a Limiter counts as a user after a read
+  -- sweep removes the users whose use has lapsed and returns how many are
+  -- left.
+  local function sweep()
+    local ms = math.floor(now / 1000)
+    local h = redis.call('HGETALL', ctl)
+    if #h == 0 then
+      return 0 -- no record, and none made
+    end
+    local n = 0
+    for i = 1, #h, 2 do
+      if string.sub(h[i], 1, 2) == 'u:' then
+        if tonumber(h[i + 1]) <= ms then
+          redis.call('HDEL', ctl, h[i])
+        else
+          n = n + 1
+        end
+      end
+    end
+    redis.call('HSET', ctl, 'users', n)
+    return n
+  end
+  -- rescale moves the first layer from the Limit in force before a change,
+  -- r1 and b1, to the one after it, keeping the tokens it holds or owes as
+  -- of the end of the pause in force, or of now: the pause is not debt.
+  local function rescale(r1, b1)
+    local g = redis.call('HMGET', ctl, 'rate', 'burst', 'seen')
+    local r2, b2 = tonumber(g[1]), tonumber(g[2])
+    if not (r2 and b2) and g[3] then
+      r2, b2 = string.match(g[3], '^(%S+) (%S+)$')
+      r2, b2 = tonumber(r2), tonumber(b2)
+    end
+    local ref = origin()
+    local during = ''
+    if paused then
+      during = string.format('%d %d', since, shifted)
+    end
+    redis.call('HSET', ctl, 'changed', string.format('%d', now), 'pivot', string.format('%d', ref), 'prev', r1 or '',
+      'during', during)
+    local tat = r[3]
+    if not (r1 and b1 and r2 and b2) or tat <= ref or (r1 == r2 and b1 == b2) then
+      return
+    end
+    local tokens = b1 - (tat - ref) / 1000000 * r1
+    local v = ref + (b2 - math.min(tokens, b2)) / r2 * 1000000
+    rates[1], fulls[1] = r2, b2 / r2 * 1000000
+    write(1, floor(1, v))
+  end
+
+  local r1, b1 = rates[1], fulls[1] and fulls[1] * rates[1] / 1000000
+  local changed = true
+  if op == 'read' then
+    redis.call('HSET', ctl, 'seen', ARGV[2], 'layers', ARGV[3], 'u:' .. ARGV[5], math.floor(now / 1000) + use)
+    -- The users that stopped go in a sweep once the fields outnumber
+    -- twice the users the last sweep left, and 32.
+    local n = tonumber(redis.call('HGET', ctl, 'users')) or 0
+    if redis.call('HLEN', ctl) > 2 * n + 32 then
+      sweep()
+    end
+    changed = false
+  elseif op == 'status' then
+    users = tostring(sweep())
+    tat = tonumber(redis.call('GET', KEYS[1]))
+    if tat and paused then
+      tat = tat - shifted -- the queue as it stands before the pause moved it
+    end
+    tat = tat and string.format('%d', tat)
+    changed = false
+  elseif op == 'limit' then
+    redis.call('HSET', ctl, 'rate', ARGV[2], 'burst', ARGV[3])
+    rescale(r1, b1)
+  elseif op == 'clear' then
+    redis.call('HDEL', ctl, 'rate', 'burst')
+    rescale(r1, b1)
+  elseif op == 'hold' then
+    local e
+    if ARGV[2] ~= 'forever' then
+      e = now + tonumber(ARGV[2])
+    end
+    changed = pauseTo(e, 'operator')
+  elseif op == 'resume' then
+    changed = pauseTo(now, 'operator', true)
+  end
+  if op ~= 'status' then
+    expire()
+  end
+  if changed then
+    redis.call('PUBLISH', ARGV[5], KEYS[1])
+  end
+  local g = redis.call('HMGET', ctl, 'rate', 'burst', 'since', 'until', 'seen', 'changed', 'src', 'pivot', 'prev',
+    'during')
+  return {string.format('%d', now), g[1] or '', g[2] or '', g[3] or '', g[4] or '', g[5] or '', users or '', tat or '',
+    g[6] or '', g[7] or '', g[8] or '', g[9] or '', g[10] or ''}
+end
+
+-- The script runs on every request, on Redis's one thread, so the takes
+-- keep to plain arithmetic on locals. Times are in microseconds; tokens
+-- accrue in layer i at rates[i] a second, so t tokens take t / rate *
+-- 1000000 (dividing first keeps extreme rates finite). Work relative to
+-- now: the absolute times are too large for the fractions of a
+-- microsecond to survive the arithmetic.
+if op == 'take' then
+  local tats = {}
   for i = 1, k do
     tats[i] = r[i + 2]
-    rates[i] = tonumber(ARGV[3 * i + 2])
-    fulls[i] = tonumber(ARGV[3 * i + 3]) / rates[i] * 1000000
   end
   local reply, waited = {}, false
   for c = 1, (#ARGV - 3 * k - 2) / 2 do
@@ -142,8 +373,11 @@ if op == 'take' and #ARGV > 3 * k + 4 then
     end
     local need = tonumber(ARGV[x])
     local longest = -math.huge
+    if paused and ends then
+      longest = ends - now -- nothing falls due before the pause ends
+    end
     for i = 1, k do
-      local debt = tats[i] - now
+      local debt = tats[i] - now -- refill already promised beyond now
       if debt < 0 then
         debt = 0
       end
@@ -154,12 +388,17 @@ if op == 'take' and #ARGV > 3 * k + 4 then
     end
     local wait = math.floor(longest + 0.5)
     local o = #reply
-    if wait > tonumber(ARGV[x + 1]) then
+    if forever or wait > tonumber(ARGV[x + 1]) then
+      if forever then
+        wait = -1
+      end
       reply[o + 1], reply[o + 2], waited = 0, wait, true
       for i = 1, k do
         reply[o + 2 + i] = math.floor(tats[i])
       end
     else
+      -- Every layer gives its tokens when the slowest does: a layer that
+      -- could give them sooner counts them from then, as if taken then.
       local at = now
       if longest > 0 then
         at = now + longest
@@ -174,103 +413,83 @@ if op == 'take' and #ARGV > 3 * k + 4 then
     end
   end
   for i = 1, k do
-    local v = tats[i]
-    if v ~= r[i + 2] then
-      if v <= now then
-        redis.call('DEL', KEYS[i])
-      else
-        redis.call('SET', KEYS[i], v, 'PX', math.ceil((v - now) / 1000))
-      end
+    if tats[i] ~= r[i + 2] then
+      write(i, tats[i])
     end
   end
   if waited then
+    -- The pause the takes found, for the callers that sleep on their
+    -- grants (see the replies).
+    if paused then
+      reply[#reply + 1] = since
+      reply[#reply + 1] = shifted
+    else
+      reply[#reply + 1] = 0
+      reply[#reply + 1] = 0
+    end
     return reply
   end
   return 0
 end
 
-local grant -- take: when every layer gives the tokens
-if op == 'take' then
-  -- Work relative to now: the absolute times are too large for the
-  -- fractions of a microsecond to survive the arithmetic.
-  local longest = -math.huge
-  for i = 1, k do
-    local rate = tonumber(ARGV[3 * i + 2])
-    local debt = r[i + 2] - now -- refill already promised beyond now
-    if debt < 0 then
-      debt = 0
-    end
-    local wait = debt + n / rate * 1000000 - tonumber(ARGV[3 * i + 3]) / rate * 1000000
-    if wait > longest then
-      longest = wait
+local n = tonumber(ARGV[2])
+if op == 'pause' then
+  if pauseTo(now + n, 'provider') then
+    expire()
+    if ARGV[3] ~= '' then
+      redis.call('PUBLISH', ARGV[3], KEYS[1])
     end
   end
-  local wait = math.floor(longest + 0.5)
-  if wait > tonumber(ARGV[3]) then
-    r[1], r[2] = 0, wait
-    for i = 3, k + 2 do
-      r[i] = math.floor(r[i])
+  for i = 1, k do
+    r[i + 2] = math.floor(r[i + 2])
+  end
+  return r
+end
+if op == 'adjust' and ARGV[3] ~= '' then
+  -- A settle counts once, however often it is sent: a retry after a lost
+  -- reply finds its id.
+  local ms = math.floor(now / 1000)
+  redis.call('ZREMRANGEBYSCORE', KEYS[k + 2], '-inf', ms)
+  if redis.call('ZADD', KEYS[k + 2], 'NX', ms + 60000, ARGV[3]) == 0 then
+    for i = 1, k do
+      r[i + 2] = math.floor(r[i + 2])
     end
     return r
   end
-  grant = now
-  if longest > 0 then
-    r[2], grant = wait, now + longest
-  end
+  redis.call('PEXPIRE', KEYS[k + 2], 60000)
 end
 
 for i = 1, k do
   local tat = r[i + 2]
-  local rate = tonumber(ARGV[3 * i + 2])
+  local rate = rates[i]
   local v = tat -- the layer's new tat
-  if op == 'take' then
-    -- Every layer gives its tokens when the slowest does: a layer that
-    -- could give them sooner counts them from then, as if taken then.
-    v = math.max(tat, grant) + n / rate * 1000000
-  elseif op == 'refund' then
+  if op == 'refund' then
     -- Hand back only the part of the take that no later take is queued
     -- behind; the rest of the schedule is already promised to others. A
     -- layer that was reset since the take (tat behind it) gets nothing.
     local mine = tonumber(ARGV[3 * i + 4])
     if tat >= mine then
-      v = tat - math.max(n / rate * 1000000 - (tat - mine), 0)
+      v = floor(i, tat - math.max(n / rate * 1000000 - (tat - mine), 0))
     end
-  elseif op == 'pause' then
-    local full = tonumber(ARGV[3 * i + 3]) / rate * 1000000
-    if tat - full > now then -- a queue: the callers of the schedule wait
-      v = tat + shift
-    end
-    v = math.max(v, now + n + full - math.min(1 / rate * 1000000, full))
   elseif op == 'lower' then
-    local burst = tonumber(ARGV[3 * i + 3])
+    local burst = fulls[i] * rate / 1000000
     if n < burst then
-      v = math.max(tat, now + (burst - n) / rate * 1000000)
+      v = math.max(tat, origin() + (burst - n) / rate * 1000000)
     end
   elseif op == 'adjust' then
     if n > 0 then
-      v = math.max(tat, now) + n / rate * 1000000
+      v = math.max(tat, origin()) + n / rate * 1000000
     else
-      v = math.max(tat + n / rate * 1000000, now)
+      v = floor(i, math.max(tat + n / rate * 1000000, origin()))
     end
   elseif op ~= 'probe' then
     return redis.error_reply('quota: unknown operation ' .. tostring(op))
   end
-  -- A layer expires when it is full again: an absent key and a full
-  -- layer are the same state. A probe writes even what does not change.
-  -- (Redis formats a number argument with 17 digits, all a double has.)
+  -- A probe writes even what does not change. (Redis formats a number
+  -- argument with 17 digits, all a double has.)
   if v ~= tat or op == 'probe' then
-    if v <= now then
-      redis.call('DEL', KEYS[i])
-    else
-      redis.call('SET', KEYS[i], v, 'PX', math.ceil((v - now) / 1000))
-    end
+    write(i, v)
   end
   r[i + 2] = math.floor(v)
-end
-if op == 'take' and r[2] == 0 then
-  return 0
-end
-if shift > 0 and ARGV[3] ~= '' then
-  redis.call(ARGV[3], KEYS[1] .. ':pause', string.format('%d %d', now, shift))
 end
 return r

@@ -30,8 +30,7 @@ const DefaultSlotLease = 10 * time.Second
 const releaseTimeout = time.Second
 
 // The suffixes, after a bucket's key, of the keys of its concurrency slots:
-// the slots held (also the channel that announces hand-offs), the waiters'
-// leases and the queue.
+// the slots held, the waiters' leases and the queue.
 const (
 	slotsHeldSuffix    = ":slots"
 	slotsWaitingSuffix = ":slots:waiting"
@@ -63,12 +62,14 @@ func (s *Slot) Release() {
 
 // slots are a Limiter's concurrency slots in Redis (slots.lua): the ones it
 // holds and the ones its callers wait for, by bucket, each bucket with the
-// subscription that tells its waiters of hand-offs and the loop that renews
-// its leases.
+// loop that renews its leases. Hand-offs are announced on the Limiter's
+// control channel (listener.go), which its waiters keep listening.
 type slots struct {
 	script  *script
 	rdb     redis.Scripter
-	publish string        // the command that announces hand-offs
+	events  *listener
+	channel string // on which hand-offs are announced
+	clock   func() time.Time
 	lease   time.Duration // of each slot and each waiter
 	id      string        // this Limiter's, the prefix of its ids
 	seq     atomic.Uint64
@@ -89,32 +90,31 @@ type slotSet struct {
 	waiting  map[string]chan bool // true: granted; false: abandoned
 	cause    error                // why the waiters were last abandoned
 	renewing bool                 // the renewal loop runs
-	sub      *redis.PubSub        // nil until subscribed, or beyond maxSubscriptions
-	ready    chan struct{}        // closed once the subscription is confirmed or failed
-	idle     *time.Timer          // forgets the set when nothing is held or awaited
 }
 
-func newSlots(rdb redis.Scripter, cfg config) *slots {
+func newSlots(rdb redis.Scripter, cfg config, events *listener) *slots {
 	var id [6]byte
 	_, _ = rand.Read(id[:]) // never fails
-	s := &slots{
+	return &slots{
 		script:  newScript(rdb, slotsSource),
 		rdb:     rdb,
-		publish: "PUBLISH",
+		events:  events,
+		channel: events.channel,
+		clock:   cfg.clock,
 		lease:   cfg.slotLease,
 		id:      hex.EncodeToString(id[:]),
 		logger:  cfg.logger,
 	}
-	if _, ok := rdb.(*redis.ClusterClient); ok {
-		s.publish = "SPUBLISH"
-	}
-	return s
 }
 
 // run runs op of slots.lua on set's keys.
 func (s *slots) run(ctx context.Context, set *slotSet, n int, op string, ids ...string) *redis.Cmd {
-	args := make([]any, 0, 4+len(ids))
-	args = append(args, op, n, s.lease.Microseconds(), s.publish)
+	args := make([]any, 0, 5+len(ids))
+	now := ""
+	if s.clock != nil {
+		now = strconv.FormatInt(s.clock().UnixMicro(), 10)
+	}
+	args = append(args, op, n, s.lease.Microseconds(), s.channel, now)
 	for _, id := range ids {
 		args = append(args, id)
 	}
@@ -125,9 +125,9 @@ func (s *slots) run(ctx context.Context, set *slotSet, n int, op string, ids ...
 // errNoSlot is a try's answer when every slot is held.
 var errNoSlot = errors.New("quota: no slot free")
 
-// use returns the set of bucket b, made and listened to if new, and keeps
-// it while its caller works with it.
-func (s *slots) use(ctx context.Context, b bucket, n int) *slotSet {
+// use returns the set of bucket b, made if new, and keeps it while its
+// caller works with it.
+func (s *slots) use(b bucket, n int) *slotSet {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	set, ok := s.m[b.keys[0]]
@@ -138,21 +138,11 @@ func (s *slots) use(ctx context.Context, b bucket, n int) *slotSet {
 			keys:    []string{key + slotsHeldSuffix, key + slotsWaitingSuffix, key + slotsQueueSuffix},
 			held:    make(map[string]struct{}),
 			waiting: make(map[string]chan bool),
-			ready:   make(chan struct{}),
 		}
 		if s.m == nil {
 			s.m = make(map[string]*slotSet)
 		}
 		s.m[key] = set
-		if s.listening() < maxSubscriptions {
-			go s.listen(context.WithoutCancel(ctx), key, set)
-		} else {
-			close(set.ready) // its waiters learn of hand-offs from renewals
-		}
-	}
-	if set.idle != nil {
-		set.idle.Stop()
-		set.idle = nil
 	}
 	set.n = n
 	set.users++
@@ -167,32 +157,22 @@ func (s *slots) leave(set *slotSet) {
 	s.done(set)
 }
 
-// listening counts the sets with a subscription; s.mu is held.
-func (s *slots) listening() int {
-	count := 0
-	for _, set := range s.m {
-		select {
-		case <-set.ready:
-			if set.sub != nil {
-				count++
-			}
-		default:
-			count++ // subscribing
-		}
-	}
-	return count
-}
-
 // acquire asks for one of the n slots of bucket b and waits for it in
 // the bucket's queue until ctx ends; with try, it takes one only if one is
 // free now. It returns the slot's id.
 func (s *slots) acquire(ctx context.Context, b bucket, n int, try bool) (*slotSet, string, error) {
-	set := s.use(ctx, b, n)
+	set := s.use(b, n)
 	defer s.leave(set)
-	select {
-	case <-set.ready:
-	case <-ctx.Done():
-		return nil, "", ctx.Err()
+	if !try {
+		// Listen for the hand-off before asking: it may come first.
+		// Should it be lost, a renewal finds the slot within a quarter
+		// lease.
+		defer s.events.hold()()
+		select {
+		case <-s.events.ready():
+		case <-ctx.Done():
+			return nil, "", ctx.Err()
+		}
 	}
 	id := s.id + "." + strconv.FormatUint(s.seq.Add(1), 36)
 	granted := make(chan bool, 1)
@@ -292,33 +272,34 @@ func (s *slots) background(set *slotSet, op, id string) {
 	}()
 }
 
-// done lets the set go once nothing is held or awaited of it for
-// subscriptionIdle.
+// done lets the set go once nothing is held or awaited of it.
 func (s *slots) done(set *slotSet) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if len(set.held) > 0 || len(set.waiting) > 0 || set.users > 0 || set.idle != nil {
+	if len(set.held) == 0 && len(set.waiting) == 0 && set.users == 0 && s.m[set.b.keys[0]] == set {
+		delete(s.m, set.b.keys[0])
+	}
+}
+
+// handed gives the slots of bucket key, announced handed to ids, to the
+// waiters here among them.
+func (s *slots) handed(key string, ids []string) {
+	s.mu.Lock()
+	set := s.m[key]
+	s.mu.Unlock()
+	if set == nil {
 		return
 	}
-	key := set.b.keys[0]
-	forget := func() {
-		delete(s.m, key)
-		if set.sub != nil {
-			set.sub.Close()
+	prefix := s.id + "."
+	var mine []string
+	for _, id := range ids {
+		if strings.HasPrefix(id, prefix) {
+			mine = append(mine, id)
 		}
-		set.sub = nil // a listen still subscribing closes its own
 	}
-	if len(s.m) > maxSubscriptions {
-		forget() // many buckets in use: keep none idle
-		return
+	if len(mine) > 0 {
+		s.granted(set, mine)
 	}
-	set.idle = time.AfterFunc(subscriptionIdle, func() {
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		if len(set.held) == 0 && len(set.waiting) == 0 && set.users == 0 && s.m[key] == set {
-			forget()
-		}
-	})
 }
 
 // granted hands the slots announced in payload to their waiters here.
@@ -330,47 +311,6 @@ func (s *slots) granted(set *slotSet, ids []string) {
 			delete(set.waiting, id)
 			set.held[id] = struct{}{}
 			ch <- true
-		}
-	}
-}
-
-// listen subscribes to the hand-offs of bucket key and gives each to its
-// waiter, until the subscription is closed.
-func (s *slots) listen(ctx context.Context, key string, set *slotSet) {
-	name := key + slotsHeldSuffix
-	var sub *redis.PubSub
-	switch c := s.rdb.(type) {
-	case *redis.ClusterClient:
-		sub = c.SSubscribe(ctx, name)
-	case subscriber:
-		sub = c.Subscribe(ctx, name)
-	default:
-		close(set.ready)
-		return
-	}
-	s.mu.Lock()
-	if s.m[key] != set { // let go while subscribing
-		s.mu.Unlock()
-		sub.Close()
-		close(set.ready)
-		return
-	}
-	set.sub = sub
-	s.mu.Unlock()
-	rctx, cancel := context.WithTimeout(ctx, probeTimeout)
-	_, _ = sub.Receive(rctx) // the confirmation; without it, renewals find the hand-offs
-	cancel()
-	close(set.ready)
-	prefix := s.id + "."
-	for msg := range sub.Channel() {
-		var mine []string
-		for _, id := range strings.Fields(msg.Payload) {
-			if strings.HasPrefix(id, prefix) {
-				mine = append(mine, id)
-			}
-		}
-		if len(mine) > 0 {
-			s.granted(set, mine)
 		}
 	}
 }

@@ -6,8 +6,7 @@
 -- queue at once and announces it, so that nobody polls.
 --
 -- KEYS[1]   the slots held: a sorted set of ids, each scored with when its
---           lease ends (microseconds on the server's clock). It is also
---           the channel that announces hand-offs.
+--           lease ends (microseconds), its key the bucket's and ":slots".
 -- KEYS[2]   the waiters: a sorted set of ids, scored the same way.
 -- KEYS[3]   the queue: a list of the waiters' ids in order of arrival. An
 --           id no longer among the waiters (cancelled, or its lease ended)
@@ -15,9 +14,10 @@
 -- ARGV[1]   operation: "acquire", "try", "release", "cancel" or "renew".
 -- ARGV[2]   n, the slots the bucket has (>= 1).
 -- ARGV[3]   the lease, in microseconds.
--- ARGV[4]   the command that announces hand-offs, PUBLISH or SPUBLISH
---           (Cluster), or "" for none.
--- ARGV[5..] ids: acquire and try take one; release and cancel any number.
+-- ARGV[4]   the channel that announces hand-offs, or "" for none: each
+--           is published as "s <bucket's key> <id>...".
+-- ARGV[5]   now in microseconds, or "" to use the server's clock (TIME).
+-- ARGV[6..] ids: acquire and try take one; release and cancel any number.
 --           renew takes h, then ids: the first h the caller holds, the
 --           rest it waits for.
 --
@@ -46,10 +46,16 @@
 local op = ARGV[1]
 local n = tonumber(ARGV[2])
 local lease = tonumber(ARGV[3])
-local publish = ARGV[4]
+local channel = ARGV[4]
 local held, waiting, queue = KEYS[1], KEYS[2], KEYS[3]
-local t = redis.call('TIME')
-local now = t[1] * 1000000 + t[2]
+local now = tonumber(ARGV[5])
+if not now then
+  if redis.replicate_commands then
+    redis.replicate_commands() -- lets TIME precede writes on Redis < 5
+  end
+  local t = redis.call('TIME')
+  now = t[1] * 1000000 + t[2]
+end
 
 -- Leases that ended are gone, whoever held them.
 redis.call('ZREMRANGEBYSCORE', held, '-inf', now)
@@ -73,8 +79,9 @@ local function dispatch()
       free = free - 1
     end
   end
-  if #handed > 0 and publish ~= '' then
-    redis.call(publish, held, table.concat(handed, ' '))
+  if #handed > 0 and channel ~= '' then
+    local key = string.sub(held, 1, #held - #':slots')
+    redis.call('PUBLISH', channel, 's ' .. key .. ' ' .. table.concat(handed, ' '))
   end
 end
 
@@ -99,7 +106,7 @@ end
 
 local reply
 if op == 'acquire' or op == 'try' then
-  local id = ARGV[5]
+  local id = ARGV[6]
   dispatch()
   -- After dispatch, a free slot means that nobody waits for it.
   if redis.call('ZCARD', held) < n then
@@ -114,14 +121,14 @@ if op == 'acquire' or op == 'try' then
   end
 elseif op == 'release' then
   local count = 0
-  for i = 5, #ARGV do
+  for i = 6, #ARGV do
     count = count + redis.call('ZREM', held, ARGV[i])
   end
   dispatch()
   reply = count
 elseif op == 'cancel' then
   local count = 0
-  for i = 5, #ARGV do
+  for i = 6, #ARGV do
     local id = ARGV[i]
     if redis.call('ZREM', waiting, id) == 1 then
       redis.call('LREM', queue, 1, id)
@@ -134,12 +141,12 @@ elseif op == 'cancel' then
   end
   reply = count
 elseif op == 'renew' then
-  local h = tonumber(ARGV[5])
-  for i = 6, #ARGV do
+  local h = tonumber(ARGV[6])
+  for i = 7, #ARGV do
     local id = ARGV[i]
     if redis.call('ZSCORE', held, id) then
       redis.call('ZADD', held, now + lease, id)
-    elseif i > 5 + h then
+    elseif i > 6 + h then
       if not redis.call('ZSCORE', waiting, id) then
         -- A waiter Redis lost queues again at the end, where a stale
         -- place of its own (its lease ended) would not put it ahead.
@@ -151,7 +158,7 @@ elseif op == 'renew' then
   end
   dispatch()
   reply = {hint()}
-  for i = 6, #ARGV do
+  for i = 7, #ARGV do
     local state = -1
     if redis.call('ZSCORE', held, ARGV[i]) then
       state = 1

@@ -149,7 +149,7 @@ func TestRenewQueuesALapsedWaiterAtTheEnd(t *testing.T) {
 	script := redis.NewScript(slotsSource)
 	run := func(op string, ids ...string) []any {
 		t.Helper()
-		args := []any{op, 1, time.Minute.Microseconds(), ""}
+		args := []any{op, 1, time.Minute.Microseconds(), "", ""}
 		for _, id := range ids {
 			args = append(args, id)
 		}

@@ -488,6 +488,10 @@ func TestPauseBeforeListening(t *testing.T) {
 	lim := Limit{Rate: 10, Burst: 1}
 	bk, _ := a.bucket("early", []Limit{lim})
 	ctx := context.Background()
+	bk, err := a.controlled(ctx, &waitSpan{}, bk) // as an acquisition does
+	if err != nil {
+		t.Fatal(err)
+	}
 	if _, _, err := a.store.take(ctx, bk, 1, time.Second); err != nil { // the one token
 		t.Fatal(err)
 	}

@@ -2,6 +2,8 @@ package quota
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"fmt"
 	"io"
 	"math"
@@ -10,6 +12,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 )
 
@@ -33,12 +36,23 @@ type Transport struct {
 var _ http.RoundTripper = (*Transport)(nil)
 
 // NewTransport returns a Transport that takes one token per request from
-// buckets in rdb, each refilled at lim unless WithLimits names it. By
-// default it delegates to http.DefaultTransport and names the bucket after
-// the request's host. It panics if rdb is nil.
+// buckets in rdb, each refilled at lim unless WithLimits names it, with a
+// Limiter of its own, or WithLimiter's. By default it delegates to
+// http.DefaultTransport and names the bucket after the request's host. It
+// panics if rdb is nil without WithLimiter.
 func NewTransport(rdb redis.Scripter, lim Limit, opts ...Option) *Transport {
-	l := NewLimiter(rdb, opts...)
-	return &Transport{limiter: l, cfg: l.cfg, limit: lim}
+	cfg := newConfig(opts)
+	l := cfg.limiter
+	if l == nil {
+		l = NewLimiter(rdb, opts...)
+		return &Transport{limiter: l, cfg: l.cfg, limit: lim}
+	}
+	// The Limiter's options are its own; the Transport's come from opts.
+	shared := l.cfg
+	shared.limiter, shared.base, shared.key, shared.limits, shared.layers = l, cfg.base, cfg.key, cfg.limits, cfg.layers
+	shared.cost, shared.settle, shared.maxPause, shared.noWait = cfg.cost, cfg.settle, cfg.maxPause, cfg.noWait
+	shared.providerHeaders, shared.concurrency = cfg.providerHeaders, cfg.concurrency
+	return &Transport{limiter: l, cfg: shared, limit: lim}
 }
 
 // RoundTrip waits for a token, then sends req with the base RoundTripper.
@@ -63,7 +77,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if t.cfg.cost != nil {
 		cost = t.cfg.cost(req)
 	}
-	slot, err := t.limiter.acquire(req.Context(), name, cost, lims, t.cfg.concurrency, t.cfg.noWait)
+	slot, err := t.limiter.acquire(req.Context(), name, ask{n: cost, lims: lims, slots: t.cfg.concurrency, noWait: t.cfg.noWait})
 	if err != nil {
 		closeBody(req)
 		return nil, err
@@ -82,10 +96,22 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 
 // learn passes on to the bucket what the response says of the provider's
 // limit. The updates run in the background, so the response goes back to
-// the caller at once. It does nothing while Redis is unavailable.
+// the caller at once. It does nothing while Redis is unavailable. The
+// script computes each with the Limit in force and within the bucket's
+// pause; learn bounds what a settle may take (see settleBound).
 func (t *Transport) learn(ctx context.Context, name string, lims []Limit, cost float64, resp *http.Response) {
+	if t.limiter.Mode() != ModeShared {
+		return
+	}
+	b, err := t.limiter.bucket(name, lims)
+	if err != nil {
+		return // cannot be: the take resolved the same bucket
+	}
+	if e := t.limiter.controls.lookup(b.keys[0]); e != nil {
+		b.passed = b.lims[0]
+		b = b.under(e)
+	}
 	var us []update
-	var b bucket // set below, before any update runs
 	st := t.limiter.store
 	now := time.Now()
 	pause := func(d time.Duration) update {
@@ -111,19 +137,46 @@ func (t *Transport) learn(ctx context.Context, name string, lims []Limit, cost f
 	}
 	if t.cfg.settle != nil {
 		if real, ok := t.cfg.settle(resp); ok && real >= 0 && !math.IsInf(real, 0) && real != cost {
+			extra := real - cost
+			if bound := t.settleBound(b); extra > bound {
+				t.limiter.updates.cut.Add(ctx, extra-bound, metric.WithAttributes(attrKey.String(b.name)))
+				extra = bound
+			}
+			id := settleID()
 			us = append(us, update{updateSettle, func(ctx context.Context) error {
-				return st.adjust(ctx, b, real-cost)
+				return st.adjust(ctx, b, extra, id)
 			}})
 		}
 	}
-	if len(us) == 0 || t.limiter.Mode() != ModeShared {
-		return
+	if len(us) > 0 {
+		t.limiter.startUpdates(ctx, b, us)
 	}
-	var err error
-	if b, err = t.limiter.bucket(name, lims); err != nil {
-		return // cannot be: the take resolved the same bucket
+}
+
+// settleBound returns the most tokens a settle may take beyond the cost
+// taken for its request: what the bucket's slowest layer refills in the
+// longest pause a provider may put on it (WithMaxPause, or DefaultMaxPause
+// when pauses are off). A response that reports more, a broken header or a
+// hostile one, puts no more debt on the fleet than a Retry-After could;
+// the rest is counted in quota.settle.cut.
+func (t *Transport) settleBound(b bucket) float64 {
+	d := t.cfg.maxPause
+	if d <= 0 {
+		d = DefaultMaxPause
 	}
-	t.limiter.startUpdates(ctx, b, us)
+	slowest := math.Inf(1)
+	for _, lim := range b.lims {
+		slowest = min(slowest, lim.Rate)
+	}
+	return slowest * d.Seconds()
+}
+
+// settleID returns an id that makes a settle count once, however often
+// the client sends it.
+func settleID() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
 }
 
 // Limiter returns the Limiter the Transport takes its tokens from.

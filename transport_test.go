@@ -2,6 +2,8 @@ package quota
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"io"
 	"math"
@@ -110,12 +112,57 @@ func TestRedisKey(t *testing.T) {
 	if k1 == k2 {
 		t.Error("two long names share a key")
 	}
-	if want := len("quota:{}") + maxNameLen; len(k1) != want {
+	if want := len("quota:{}") + maxNameLen + 1; len(k1) != want {
 		t.Errorf("long name: key of %d bytes, want %d", len(k1), want)
 	}
 	if k, _ := bucketKey(l.cfg.prefix, long1); k != k1 {
 		t.Error("a long name's key is not stable")
 	}
+	// A name of maxNameLen bytes in the shortened form of a long name's
+	// (its prefix, "~" and the digest) keeps a key of its own.
+	sum := sha256.Sum256([]byte(long1))
+	digest := hex.EncodeToString(sum[:8])
+	for _, lookalike := range []string{
+		long1[:maxNameLen-len(digest)-1] + "~" + digest,
+		long1[:maxNameLen-len(digest)] + "~" + digest,
+		strings.TrimSuffix(strings.TrimPrefix(k1, "quota:{"), "}"),
+	} {
+		if k, _ := bucketKey(l.cfg.prefix, lookalike); k == k1 {
+			t.Errorf("the name %q shares the key of a long name", lookalike)
+		}
+	}
+	// A name that begins with "}" keeps a hash tag, which every key of
+	// its bucket shares; so does one that begins with "%", under another
+	// key.
+	seen := map[string]string{}
+	for _, name := range []string{"}", "}a", "%}a", "%", "%%", "a}", "{", "}}"} {
+		k, err := bucketKey(l.cfg.prefix, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if tag := hashTag(k); tag == "" || hashTag(k+controlSuffix) != tag || hashTag(k+slotsQueueSuffix) != tag {
+			t.Errorf("name %q: key %q, hash tag %q", name, k, tag)
+		}
+		if other, ok := seen[k]; ok {
+			t.Errorf("names %q and %q share the key %q", other, name, k)
+		}
+		seen[k] = name
+	}
+}
+
+// hashTag returns the part of key that Redis Cluster hashes to choose its
+// slot when it has a hash tag: between the first "{" and the first "}"
+// after it, "" when there is none or it is empty.
+func hashTag(key string) string {
+	_, rest, ok := strings.Cut(key, "{")
+	if !ok {
+		return ""
+	}
+	tag, _, ok := strings.Cut(rest, "}")
+	if !ok {
+		return ""
+	}
+	return tag
 }
 
 func TestLimitResolve(t *testing.T) {
@@ -501,5 +548,5 @@ func TestAllow(t *testing.T) {
 
 // oneLayer is the bucket of a single Limit under the Redis key rkey.
 func oneLayer(rkey string, lim Limit) bucket {
-	return bucket{name: rkey, keys: []string{rkey}, lims: []Limit{lim}}
+	return bucket{name: rkey, keys: []string{rkey}, lims: []Limit{lim}, call: []string{rkey, rkey + controlSuffix}}
 }

@@ -40,6 +40,7 @@ type updates struct {
 	slots    chan struct{}
 	wg       sync.WaitGroup
 	failures metric.Int64Counter
+	cut      metric.Float64Counter
 	logger   *slog.Logger
 	client   string
 
@@ -55,6 +56,9 @@ func (u *updates) init(cfg config, client string, meter metric.Meter) {
 	u.failures, _ = meter.Int64Counter("quota.update.failures",
 		metric.WithDescription("Bucket updates (pause, lower, settle, settle_local) that failed or were dropped."),
 		metric.WithUnit("{update}"))
+	u.cut, _ = meter.Float64Counter("quota.settle.cut",
+		metric.WithDescription("Tokens a settle reported beyond its bound (see WithSettle) and did not take."),
+		metric.WithUnit("{token}"))
 }
 
 // update is one change to a bucket, with the span it is traced under.

@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"os"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -31,6 +32,7 @@ type workers struct {
 	script *script // nil unless the policy counts workers
 	key    string
 	id     string
+	clock  func() time.Time // nil: the server's
 
 	next    atomic.Int64 // when the next announcement is due, unix ns
 	beating atomic.Bool
@@ -47,6 +49,7 @@ func (f *workers) init(rdb redis.Scripter, cfg config) {
 	f.script = newScript(rdb, workersSource)
 	// Bucket keys are the prefix and a brace, so this key is none of them.
 	f.key = cfg.prefix + "workers"
+	f.clock = cfg.clock
 	host, _ := os.Hostname()
 	var b [6]byte
 	_, _ = rand.Read(b[:])
@@ -64,7 +67,11 @@ func (f *workers) heartbeat() {
 		defer f.beating.Store(false)
 		ctx, cancel := context.WithTimeout(context.Background(), probeTimeout)
 		defer cancel()
-		cmd, _ := f.script.run(ctx, []string{f.key}, f.id, beatTTL.Milliseconds())
+		now := ""
+		if f.clock != nil {
+			now = strconv.FormatInt(f.clock().UnixMilli(), 10)
+		}
+		cmd, _ := f.script.run(ctx, []string{f.key}, f.id, beatTTL.Milliseconds(), now)
 		if n, err := cmd.Int64(); err == nil {
 			f.saw(int(n))
 		}
