@@ -259,6 +259,11 @@ func parseLimit(args []string) (quota.Limit, error) {
 		if err != nil || !(b > 0) || math.IsInf(b, 0) {
 			return quota.Limit{}, badUsage("bad burst %q: want a number of tokens above zero", args[1])
 		}
+		if b < 1 {
+			// A bucket that never holds a whole token refuses every
+			// request of one, fleet-wide.
+			return quota.Limit{}, badUsage("bad burst %q: want 1 token or more, the cost of one request", args[1])
+		}
 		lim.Burst = b
 	}
 	burst := lim.Burst
@@ -378,6 +383,7 @@ type statusJSON struct {
 	QueueSeconds     float64    `json:"queue_seconds"`
 	Paused           bool       `json:"paused"`
 	PausedForever    bool       `json:"paused_forever"`
+	PausedBy         string     `json:"paused_by,omitempty"`
 	PausedSince      *string    `json:"paused_since"`
 	PausedUntil      *string    `json:"paused_until"`
 	PauseLeftSeconds *float64   `json:"pause_left_seconds"`
@@ -410,7 +416,7 @@ func execute(ctx context.Context, rdb redis.UniversalClient, cmd command) (outpu
 			return output{}, err
 		}
 		return output{
-			text: fmt.Sprintf("%s: limited to %s, burst %s, until 'quota limit %s off'\n", cmd.name, fmtRate(cmd.limit.Rate), fmtNum(cmd.limit.Burst), cmd.name),
+			text: fmt.Sprintf("%s: limited to %s, burst %s, until %s\n", cmd.name, fmtRate(cmd.limit.Rate), fmtNum(cmd.limit.Burst), shellLine("quota", "limit", cmd.name, "off")),
 			json: actionJSON{Name: cmd.name, Action: "limit", Override: limitJSON(&cmd.limit)},
 		}, nil
 	case "clear":
@@ -426,7 +432,7 @@ func execute(ctx context.Context, rdb redis.UniversalClient, cmd command) (outpu
 			return output{}, err
 		}
 		a := actionJSON{Name: cmd.name, Action: "pause"}
-		text := fmt.Sprintf("%s: paused until 'quota resume %s'\n", cmd.name, cmd.name)
+		text := fmt.Sprintf("%s: paused until %s\n", cmd.name, shellLine("quota", "resume", cmd.name))
 		if cmd.pause == quota.Forever {
 			a.Forever = true
 		} else {
@@ -456,6 +462,7 @@ func statusObject(st quota.Status, now time.Time) statusJSON {
 		QueueSeconds:  round(st.Queue.Seconds(), 6),
 		Paused:        st.Paused,
 		PausedForever: st.Paused && st.PausedUntil.IsZero(),
+		PausedBy:      st.PausedBy,
 		Workers:       st.Workers,
 		FleetWorkers:  st.FleetWorkers,
 	}
@@ -493,10 +500,10 @@ func statusText(st quota.Status, now time.Time) string {
 	case !st.Paused:
 		fmt.Fprintf(&b, "paused   no\n")
 	case st.PausedUntil.IsZero():
-		fmt.Fprintf(&b, "paused   until resumed, since %s\n", fmtTime(st.PausedSince))
+		fmt.Fprintf(&b, "paused   until resumed, since %s, by the %s\n", fmtTime(st.PausedSince), st.PausedBy)
 	default:
-		fmt.Fprintf(&b, "paused   until %s (%v left), since %s\n", fmtTime(st.PausedUntil),
-			max(0, st.PausedUntil.Sub(now)).Round(time.Millisecond), fmtTime(st.PausedSince))
+		fmt.Fprintf(&b, "paused   until %s (%v left), since %s, by the %s\n", fmtTime(st.PausedUntil),
+			max(0, st.PausedUntil.Sub(now)).Round(time.Millisecond), fmtTime(st.PausedSince), st.PausedBy)
 	}
 	fmt.Fprintf(&b, "workers  %d on this bucket", st.Workers)
 	if st.FleetWorkers > 0 {
@@ -504,6 +511,21 @@ func statusText(st quota.Status, now time.Time) string {
 	}
 	b.WriteString("\n")
 	return b.String()
+}
+
+// shellLine writes a command line a POSIX shell reads back as args, each
+// quoted that needs it.
+func shellLine(args ...string) string {
+	quoted := make([]string, len(args))
+	for i, a := range args {
+		quoted[i] = a
+		if a == "" || strings.ContainsFunc(a, func(r rune) bool {
+			return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("-_./:@%+=,", r))
+		}) {
+			quoted[i] = "'" + strings.ReplaceAll(a, "'", `'\''`) + "'"
+		}
+	}
+	return strings.Join(quoted, " ")
 }
 
 func fmtTime(t time.Time) string { return t.UTC().Format("2006-01-02T15:04:05.000Z07:00") }

@@ -74,6 +74,7 @@ func TestBadUsage(t *testing.T) {
 		{[]string{"limit", "x", "10/s", "many"}, `bad burst "many"`},
 		{[]string{"limit", "x", "10/s", "0"}, `bad burst "0"`},
 		{[]string{"limit", "x", "10/s", "-1"}, `bad burst "-1"`},
+		{[]string{"limit", "x", "10/s", "0.5"}, `bad burst "0.5": want 1 token or more`},
 		{[]string{"limit", "x", "10/s", "5", "6"}, `unexpected argument "6"`},
 		{[]string{"limit", "x", "off", "5"}, `unexpected argument "5" after off`},
 		{[]string{"limit", "x", "1/d", "400"}, "400 days to fill; the most is 366"},
@@ -394,5 +395,22 @@ func TestUnreachable(t *testing.T) {
 			t.Errorf("quota %v took %v, want at most %v", tc.args, took, overall)
 		}
 		t.Logf("quota %v: exit %d after %v: %s", tc.args, code, took.Round(time.Millisecond), strings.TrimSpace(errOut))
+	}
+}
+
+func TestShellLine(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"quota", "resume", "api.example.com"}, "quota resume api.example.com"},
+		{[]string{"quota", "resume", "my bucket"}, "quota resume 'my bucket'"},
+		{[]string{"quota", "limit", "it's", "off"}, `quota limit 'it'\''s' off`},
+		{[]string{"quota", "resume", "$(rm -rf /)"}, "quota resume '$(rm -rf /)'"},
+		{[]string{"quota", "resume", ""}, "quota resume ''"},
+	} {
+		if got := shellLine(tc.args...); got != tc.want {
+			t.Errorf("shellLine(%q) = %s, want %s", tc.args, got, tc.want)
+		}
 	}
 }
