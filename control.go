@@ -257,7 +257,7 @@ func (c *controls) add(b bucket) *controlEntry {
 // used since, an arbitrary tenth of them; never one that callers sleep or
 // wait on. It runs with c.mu held.
 func (c *controls) evict() {
-	idle := time.Now().Add(-controlIdle).UnixNano()
+	idle := time.Now().Add(-c.events.idle).UnixNano()
 	for k, e := range c.m {
 		if e.used.Load() < idle && !e.busy() {
 			delete(c.m, k)
@@ -680,12 +680,16 @@ func (l *Limiter) sleepOn(ctx context.Context, b bucket, g grant) (time.Duration
 		return 0, sleep(ctx, g.wait)
 	}
 	takenAt := g.takenAt(b)
-	if g.wait >= waitRefresh {
-		// Long enough for a read of the record to matter: the Limiter
-		// reads it every waitRefresh meanwhile. A shorter sleep learns
-		// of a change from its announcement alone.
-		defer l.controls.wait(b.ctl)()
-	}
+	// A sleep long enough for a read of the record to matter, or one that
+	// a pause holds, registers: the Limiter reads the record every
+	// waitRefresh meanwhile. A shorter one learns of a change from its
+	// announcement alone.
+	var done func()
+	defer func() {
+		if done != nil {
+			done()
+		}
+	}()
 	deadline, hasDeadline := ctx.Deadline()
 	// when returns when the grant falls due under st, false while a pause
 	// with no end holds it.
@@ -711,6 +715,9 @@ func (l *Limiter) sleepOn(ctx context.Context, b bucket, g grant) (time.Duration
 		next := waitCheck
 		if ends {
 			next = time.Until(at)
+		}
+		if done == nil && (!ends || next >= waitRefresh) {
+			done = l.controls.wait(b.ctl)
 		}
 		t.Reset(next)
 		select {

@@ -31,7 +31,8 @@ type listener struct {
 	stopped func()                         // it stopped listening
 	started func()                         // it listens: what came before was missed
 
-	lastUse atomic.Int64 // unix ns
+	idle    time.Duration // it stops listening when unused this long
+	lastUse atomic.Int64  // unix ns
 	mu      sync.Mutex
 	on      bool
 	holders int
@@ -44,7 +45,7 @@ type subscriber interface {
 }
 
 func newListener(rdb redis.Scripter, prefix string) *listener {
-	return &listener{rdb: rdb, channel: prefix + controlChannel}
+	return &listener{rdb: rdb, channel: prefix + controlChannel, idle: controlIdle}
 }
 
 // use records a use of the Limiter and listens if it does not; it reports
@@ -104,27 +105,37 @@ func (ls *listener) start() {
 
 // run hands each announcement on, until the Limiter has gone unused.
 func (ls *listener) run(s subscriber, up chan struct{}) {
-	sub := s.Subscribe(untraced(), ls.channel) // connects: not on a caller's path
-	defer sub.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), probeTimeout)
-	_, _ = sub.Receive(ctx) // the confirmation; without it, the timers serve
-	cancel()
+	subs := ls.subscribe(s) // connects: not on a caller's path
+	msgs := make(chan *redis.Message)
+	stop := make(chan struct{})
+	defer close(stop)
+	for _, sub := range subs {
+		defer sub.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), probeTimeout)
+		_, _ = sub.Receive(ctx) // the confirmation; without it, the timers serve
+		cancel()
+		go func() {
+			for msg := range sub.Channel() {
+				select {
+				case msgs <- msg:
+				case <-stop:
+					return
+				}
+			}
+		}()
+	}
 	close(up)
 	if ls.started != nil {
 		ls.started()
 	}
-	idle := time.NewTicker(controlIdle / 4)
+	idle := time.NewTicker(ls.idle / 4)
 	defer idle.Stop()
-	msgs := sub.Channel()
 	for {
 		select {
-		case msg, ok := <-msgs:
-			if !ok {
-				return
-			}
+		case msg := <-msgs:
 			ls.dispatch(msg.Payload)
 		case <-idle.C:
-			if time.Since(time.Unix(0, ls.lastUse.Load())) < controlIdle {
+			if time.Since(time.Unix(0, ls.lastUse.Load())) < ls.idle {
 				continue
 			}
 			ls.mu.Lock()
@@ -140,6 +151,26 @@ func (ls *listener) run(s subscriber, up chan struct{}) {
 			return
 		}
 	}
+}
+
+// subscribe subscribes to the control channel: on one connection, which
+// hears every node of a Cluster (PUBLISH reaches them all), or on one per
+// shard of a Ring, whose shards are Redis servers of their own.
+func (ls *listener) subscribe(s subscriber) []*redis.PubSub {
+	ring, ok := s.(*redis.Ring)
+	if !ok {
+		return []*redis.PubSub{s.Subscribe(untraced(), ls.channel)}
+	}
+	var mu sync.Mutex
+	var subs []*redis.PubSub
+	_ = ring.ForEachShard(untraced(), func(ctx context.Context, shard *redis.Client) error {
+		sub := shard.Subscribe(ctx, ls.channel)
+		mu.Lock()
+		subs = append(subs, sub)
+		mu.Unlock()
+		return nil
+	})
+	return subs
 }
 
 func (ls *listener) dispatch(payload string) {
