@@ -25,10 +25,11 @@ import (
 // short deadline is refused.
 var slowLimit = Limit{Rate: 0.01, Burst: 1}
 
-// bucketNames returns n bucket names, one of them longer than maxNameLen.
+// bucketNames returns n bucket names, one of them longer than maxNameLen
+// and one that begins with "}", which would leave a plain hash tag empty.
 func bucketNames(n int) []string {
-	names := []string{"tenant-" + strings.Repeat("x", 2*maxNameLen)}
-	for i := 1; i < n; i++ {
+	names := []string{"tenant-" + strings.Repeat("x", 2*maxNameLen), "}tenant-brace.example.com"}
+	for i := 2; i < n; i++ {
 		names = append(names, fmt.Sprintf("tenant-%02d.example.com", i))
 	}
 	return names
@@ -316,6 +317,40 @@ func TestRingClient(t *testing.T) {
 		t.Fatal(err)
 	}
 	checkSwarm(t, grants, lim, 3*time.Second)
+
+	// Announcements from buckets on every shard reach the Limiter: it
+	// listens on each shard, whose PUBLISH reaches only its own.
+	operator := NewLimiter(ring)
+	heardOn := map[string]time.Duration{}
+	for _, name := range names[2:] {
+		rkey, _ := bucketKey(l.cfg.prefix, name)
+		shard := ""
+		for s, c := range shards {
+			if n, _ := c.Exists(ctx, rkey).Result(); n == 1 {
+				shard = s
+			}
+		}
+		if _, done := heardOn[shard]; done || shard == "" {
+			continue
+		}
+		if err := operator.Pause(ctx, name, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		e := l.controls.lookup(rkey)
+		heardOn[shard] = eventually(t, 5*time.Second, "the pause on shard "+shard, func() bool {
+			_, _, paused := e.load().pausedAt(time.Now())
+			return paused
+		})
+	}
+	t.Logf("a pause on each shard known to the Limiter after %v", heardOn)
+	for shard, d := range heardOn {
+		if d > 500*time.Millisecond {
+			t.Errorf("a pause of a bucket on shard %s was known after %v: not by its announcement", shard, d)
+		}
+	}
+	if len(heardOn) != 2 {
+		t.Errorf("pauses on %d shards, want both", len(heardOn))
+	}
 }
 
 func TestFailoverClient(t *testing.T) {

@@ -591,7 +591,7 @@ func TestEveryScriptHonoursWithClock(t *testing.T) {
 	ctx := context.Background()
 	near := func(what string, got, want time.Time) {
 		t.Helper()
-		t.Logf("%s: %v ahead of this machine's clock", what, got.Sub(time.Now()).Round(time.Minute))
+		t.Logf("%s: %v ahead of this machine's clock", what, time.Until(got).Round(time.Minute))
 		if d := got.Sub(want); d < -time.Minute || d > time.Minute {
 			t.Errorf("%s at %v, want %v (the callers' clock)", what, got, want)
 		}
@@ -632,4 +632,133 @@ func TestEveryScriptHonoursWithClock(t *testing.T) {
 		t.Fatal(err)
 	}
 	near("the fleet resumes", time.UnixMicro(at), clock().Add(resumeDelay))
+}
+
+// TestLocalQueuesKeyedByTheBoundedKey: what FallbackLocal remembers of
+// each bucket's queue is keyed by the bucket's key, which is bounded, not
+// by its name, which is not.
+func TestLocalQueuesKeyedByTheBoundedKey(t *testing.T) {
+	srv := redistest.Start(t)
+	l := NewLimiter(srv.Client(t), WithPolicy(FallbackLocal(2)))
+	ctx := context.Background()
+	lim := Limit{Rate: 1000, Burst: 1}
+	for i := range 20 {
+		name := fmt.Sprintf("%d-%s", i, strings.Repeat("n", 100_000))
+		for range 3 { // a queue: the second and third wait
+			if err := l.Wait(ctx, name, lim); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	longest, n := 0, 0
+	l.locals.queues.Range(func(k, _ any) bool {
+		longest, n = max(longest, len(k.(string))), n+1
+		return true
+	})
+	t.Logf("20 names of 100 kB with a queue: %d queues remembered, the longest key %d bytes", n, longest)
+	if n == 0 {
+		t.Fatal("no queue remembered: the test shows nothing")
+	}
+	if bound := len(l.cfg.prefix) + len("{}") + maxNameLen + 2; longest > bound {
+		t.Errorf("a queue kept under %d bytes, bound %d", longest, bound)
+	}
+}
+
+// TestListenerResubscribes: when its connection is killed, the Limiter's
+// one subscription comes back, and announcements reach it again.
+func TestListenerResubscribes(t *testing.T) {
+	srv := redistest.Start(t)
+	l := NewLimiter(srv.Client(t))
+	admin := srv.Client(t)
+	ctx := context.Background()
+	channel := l.cfg.prefix + controlChannel
+	// subscriber returns the id of the one client subscribed, or "".
+	subscriber := func() string {
+		n, _ := admin.PubSubNumSub(ctx, channel).Result()
+		list, _ := admin.ClientList(ctx).Result()
+		for line := range strings.SplitSeq(list, "\n") {
+			if strings.Contains(line, " sub=1 ") && n[channel] == 1 {
+				id, _, _ := strings.Cut(line, " ")
+				return id
+			}
+		}
+		return ""
+	}
+	if err := l.Wait(ctx, "resubscribed", PerSecond(100)); err != nil {
+		t.Fatal(err)
+	}
+	var first string
+	eventually(t, 5*time.Second, "the subscription", func() bool { first = subscriber(); return first != "" })
+	if err := admin.ClientKillByFilter(ctx, "TYPE", "pubsub").Err(); err != nil {
+		t.Fatal(err)
+	}
+	took := eventually(t, 10*time.Second, "the subscription again", func() bool {
+		id := subscriber()
+		return id != "" && id != first
+	})
+	// An announcement reaches it: a pause that another Limiter sets is
+	// known here well before a refresh would read it.
+	if err := NewLimiter(srv.Client(t)).Pause(ctx, "resubscribed", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	e := l.controls.lookup(mustKey(t, l, "resubscribed"))
+	heard := eventually(t, 5*time.Second, "the pause", func() bool {
+		_, _, paused := e.load().pausedAt(time.Now())
+		return paused
+	})
+	t.Logf("subscribed again %v after CLIENT KILL TYPE pubsub; a pause known %v after it was set", took.Round(time.Millisecond), heard.Round(time.Millisecond))
+	if heard > 500*time.Millisecond {
+		t.Errorf("the pause was known after %v: not by its announcement", heard)
+	}
+}
+
+func mustKey(t *testing.T, l *Limiter, name string) string {
+	t.Helper()
+	key, err := bucketKey(l.cfg.prefix, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return key
+}
+
+// TestShortSleeperHearsTheResume: a caller sleeping on a grant due within
+// moments, which a pause with no end then holds, learns of the resume
+// within a second although its announcement is lost.
+func TestShortSleeperHearsTheResume(t *testing.T) {
+	srv := redistest.Start(t)
+	l := NewLimiter(srv.Client(t))
+	operator := NewLimiter(srv.Client(t))
+	ctx := context.Background()
+	const name = "short-sleeper"
+	lim := Limit{Rate: 5, Burst: 1}
+	if err := l.Wait(ctx, name, lim); err != nil { // the one token
+		t.Fatal(err)
+	}
+	returned := make(chan time.Time, 1)
+	go func() {
+		if err := l.Wait(ctx, name, lim); err != nil { // due in 200 ms
+			t.Error(err)
+		}
+		returned <- time.Now()
+	}()
+	time.Sleep(20 * time.Millisecond)
+	if err := operator.Pause(ctx, name, Forever); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case at := <-returned:
+		t.Fatalf("the sleeper returned during the pause, %v after the call", time.Since(at))
+	case <-time.After(time.Second):
+	}
+	recordOp(t, operator, name, "resume", "", "", "") // announced to no one
+	resumed := time.Now()
+	select {
+	case at := <-returned:
+		t.Logf("a sleeper held by a pause with no end returned %v after its resume, announced to no one", at.Sub(resumed).Round(time.Millisecond))
+		if d := at.Sub(resumed); d > time.Second {
+			t.Errorf("the sleeper returned %v after the resume, want within 1s", d)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the sleeper still sleeps 5s after the resume")
+	}
 }

@@ -180,8 +180,8 @@ func TestPauseMovesSleepers(t *testing.T) {
 		srv := redistest.Start(t)
 		pauseMovesSleepers(t, srv.Client(t), srv.Client(t))
 	})
-	// On a Cluster the announcement is SPUBLISH and SSUBSCRIBE, in the
-	// bucket's slot.
+	// On a Cluster the announcement is a PUBLISH, which every node passes
+	// on, and the Limiter's one subscription is on one node.
 	t.Run("cluster", func(t *testing.T) {
 		cl := redistest.StartCluster(t, 3, 0)
 		pauseMovesSleepers(t, cl.Client(t), cl.Client(t))

@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"math"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -252,6 +254,38 @@ func TestCommands(t *testing.T) {
 	}
 	if got, err := l.Status(ctx, name); err != nil || got.Paused {
 		t.Fatalf("after quota resume, Status = %+v, %v", got, err)
+	}
+
+	// A provider's Retry-After is the bucket's pause too: status shows it
+	// and who set it, and resume ends it.
+	provider := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Retry-After", "60")
+		w.WriteHeader(http.StatusTooManyRequests)
+	}))
+	defer provider.Close()
+	host := strings.TrimPrefix(provider.URL, "http://")
+	tr := quota.NewTransport(srv.Client(t), quota.PerSecond(100))
+	resp, err := (&http.Client{Transport: tr}).Get(provider.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	var paused map[string]any
+	for range 100 { // the pause is recorded after the response returns
+		if paused, err = decode(cmd("-json", "status", host)); err == nil && paused["paused"] == true {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if paused["paused"] != true || paused["paused_by"] != "provider" {
+		t.Errorf("status during a Retry-After pause: %v", paused)
+	}
+	if text := cmd("status", host); !strings.Contains(text, "s left), since ") || !strings.Contains(text, "by the provider\n") {
+		t.Errorf("status during a Retry-After pause printed\n%s", text)
+	}
+	cmd("resume", host)
+	if got, err := l.Status(ctx, host); err != nil || got.Paused {
+		t.Errorf("after quota resume of a Retry-After pause, Status = %+v, %v", got, err)
 	}
 
 	// Another prefix is another set of buckets.
