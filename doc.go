@@ -34,5 +34,14 @@
 // (WithCost, WithSettle). A bucket may obey several limits at once
 // (WithLayers, Limiter.WaitAll).
 //
+// An operator can change a bucket's Limit and pause it at run time, for the
+// whole fleet (Limiter.SetLimit, Limiter.Pause, the quota command). A
+// bucket has one pause, whoever set it, written into the bucket in Redis:
+// every take sees it in the script, whatever its Limiter has heard. Each
+// Limiter listens for changes on one subscription, and its callers that
+// sleep or wait on a bucket also read its record every half second, so a
+// lost announcement costs them at most that. Transports can share a
+// Limiter (WithLimiter).
+//
 // Spans and metrics go to OpenTelemetry through its API (see ScopeName).
 package quota
