@@ -41,7 +41,7 @@ func (h countHook) count(cmd redis.Cmder) {
 // noControlHook answers the reads of quota's control records with a
 // record that holds nothing, without sending them: a control read is an
 // EVALSHA (or EVAL) whose first argument after the keys is "read" and
-// whose first key ends in ":ctl". Other commands go to Redis.
+// whose last key, the record's, ends in ":ctl". Other commands go to Redis.
 type noControlHook struct{}
 
 func (noControlHook) DialHook(next redis.DialHook) redis.DialHook { return next }
@@ -49,7 +49,7 @@ func (noControlHook) DialHook(next redis.DialHook) redis.DialHook { return next 
 func (noControlHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		if c, ok := cmd.(*redis.Cmd); ok && isControlRead(c.Args()) {
-			c.SetVal([]any{"0", "", "", "", "", "", "", "", ""})
+			c.SetVal([]any{"0", "", "", "", "", "", "", "", "", "", "", "", ""})
 			return nil
 		}
 		return next(ctx, cmd)
@@ -74,6 +74,6 @@ func isControlRead(args []any) bool {
 	if !ok || keys < 1 || len(args) <= 3+keys {
 		return false
 	}
-	first, _ := args[3].(string)
-	return strings.HasSuffix(first, ":ctl") && args[3+keys] == "read"
+	record, _ := args[2+keys].(string)
+	return strings.HasSuffix(record, ":ctl") && args[3+keys] == "read"
 }
