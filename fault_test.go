@@ -408,6 +408,17 @@ func TestFaultLostReply(t *testing.T) {
 		if err := l.Wait(ctx, "lost", lim); err != nil {
 			t.Fatal(err)
 		}
+		// Once it listens, the Limiter reads the record again, in the
+		// background, for what it may have missed: let that read land, so
+		// that the reply dropped is the take's.
+		<-l.events.ready()
+		listening := l.events.since()
+		e := l.controls.lookup("quota:{lost}")
+		eventually(t, 5*time.Second, "the read after listening", func() bool {
+			e.mu.Lock()
+			defer e.mu.Unlock()
+			return e.reading == nil && e.load().readAt.After(listening)
+		})
 		before, _ := admin.Get(ctx, "quota:{lost}").Float64()
 		proxy.DropNextReplies(1)
 		err := l.Wait(ctx, "lost", lim)

@@ -37,6 +37,7 @@ type listener struct {
 	on      bool
 	holders int
 	up      chan struct{} // closed once the subscription is confirmed, or failed
+	upAt    time.Time     // when it was
 }
 
 // subscriber is a client that can listen on the channels of PUBLISH.
@@ -92,6 +93,14 @@ func (ls *listener) ready() <-chan struct{} {
 	return ls.up
 }
 
+// since returns when the listener last began to listen: announcements
+// made before may have been missed.
+func (ls *listener) since() time.Time {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	return ls.upAt
+}
+
 // start subscribes; ls.mu is held.
 func (ls *listener) start() {
 	s, ok := ls.rdb.(subscriber)
@@ -124,6 +133,9 @@ func (ls *listener) run(s subscriber, up chan struct{}) {
 			}
 		}()
 	}
+	ls.mu.Lock()
+	ls.upAt = time.Now()
+	ls.mu.Unlock()
 	close(up)
 	if ls.started != nil {
 		ls.started()
