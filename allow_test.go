@@ -122,23 +122,23 @@ func TestAllowPausedBucket(t *testing.T) {
 	}
 }
 
-func TestAllowAllLayers(t *testing.T) {
+func TestAllowNLayers(t *testing.T) {
 	_, rdb := limiterServer(t)
 	l := NewLimiter(rdb)
 	ctx := context.Background()
 	// The second layer binds: 3 tokens of the first layer's 5 go to
-	// AllowAll, and the refusals take nothing from the first layer.
+	// AllowN, and the refusals take nothing from the first layer.
 	first, second := Limit{Rate: 0.05, Burst: 5}, Limit{Rate: 0.05, Burst: 3}
-	allowed, _ := allowAtOnce(t, 50, func() (bool, error) { return l.AllowAll(ctx, "layers", 1, first, second) })
+	allowed, _ := allowAtOnce(t, 50, func() (bool, error) { return l.AllowN(ctx, "layers", 1, first, second) })
 	if allowed != 3 {
-		t.Errorf("%d of 50 concurrent AllowAll calls allowed, want 3, the second layer's burst", allowed)
+		t.Errorf("%d of 50 concurrent AllowN calls allowed, want 3, the second layer's burst", allowed)
 	}
 	alone, _ := allowAtOnce(t, 50, func() (bool, error) { return l.Allow(ctx, "layers", first) })
 	if alone != 2 {
 		t.Errorf("then %d Allow calls on the first layer alone allowed, want the 2 it has left", alone)
 	}
-	if ok, err := l.AllowAll(ctx, "layers", 1, first, second); ok || err != nil {
-		t.Errorf("AllowAll on empty layers = %v, %v; want false, nil", ok, err)
+	if ok, err := l.AllowN(ctx, "layers", 1, first, second); ok || err != nil {
+		t.Errorf("AllowN on empty layers = %v, %v; want false, nil", ok, err)
 	}
 }
 
@@ -157,11 +157,10 @@ func TestAllowInvalidInput(t *testing.T) {
 		{"zero rate", func() (bool, error) { return l.Allow(ctx, "k", Limit{}) }, ErrInvalidLimit},
 		{"NaN rate", func() (bool, error) { return l.Allow(ctx, "k", Limit{Rate: math.NaN()}) }, ErrInvalidLimit},
 		{"negative burst", func() (bool, error) { return l.Allow(ctx, "k", Limit{Rate: 1, Burst: -1}) }, ErrInvalidLimit},
-		{"no limit", func() (bool, error) { return l.AllowAll(ctx, "k", 1) }, ErrInvalidLimit},
-		{"zero tokens", func() (bool, error) { return l.AllowN(ctx, "k", lim, 0) }, ErrInvalidTokens},
-		{"infinite tokens", func() (bool, error) { return l.AllowN(ctx, "k", lim, math.Inf(1)) }, ErrInvalidTokens},
-		{"beyond the burst", func() (bool, error) { return l.AllowN(ctx, "k", lim, 3) }, ErrExceedsBurst},
-		{"a layer's burst", func() (bool, error) { return l.AllowAll(ctx, "k", 2, lim, Limit{Rate: 1, Burst: 1}) }, ErrExceedsBurst},
+		{"zero tokens", func() (bool, error) { return l.AllowN(ctx, "k", 0, lim) }, ErrInvalidTokens},
+		{"infinite tokens", func() (bool, error) { return l.AllowN(ctx, "k", math.Inf(1), lim) }, ErrInvalidTokens},
+		{"beyond the burst", func() (bool, error) { return l.AllowN(ctx, "k", 3, lim) }, ErrExceedsBurst},
+		{"a layer's burst", func() (bool, error) { return l.AllowN(ctx, "k", 2, lim, Limit{Rate: 1, Burst: 1}) }, ErrExceedsBurst},
 		{"empty name", func() (bool, error) { return l.Allow(ctx, "", lim) }, ErrInvalidKey},
 		{"context ended", func() (bool, error) { return l.Allow(cancelled, "k", lim) }, context.Canceled},
 	} {

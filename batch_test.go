@@ -136,7 +136,7 @@ func (r *batchRig) queued(name string) int {
 	return len(bs.flights[key].queue)
 }
 
-// start starts a caller of WaitAll(name, n, lims...) whose context has a
+// start starts a caller of WaitN(name, n, lims...) whose context has a
 // deadline d from now (none when d is 0), and returns once its take holds
 // the bucket's call (the first caller, while the rig holds calls) or has
 // queued behind it.
@@ -155,7 +155,7 @@ func (r *batchRig) start(name string, d time.Duration, n float64, lims ...Limit)
 	before := r.queued(name)
 	first := len(r.calls) == 1
 	go func() {
-		err := r.l.WaitAll(ctx, name, n, lims...)
+		err := r.l.WaitN(ctx, name, n, lims[0], lims[1:]...)
 		c.returned = time.Now()
 		c.err <- err
 	}()

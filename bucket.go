@@ -102,7 +102,7 @@ func newBucket(prefix, name string, lims []Limit) (bucket, error) {
 // checkTokens reports whether n tokens can ever be granted from every layer.
 func (b bucket) checkTokens(n float64) error {
 	for _, lim := range b.lims {
-		if err := lim.checkTokens(n); err != nil {
+		if err := lim.checkTokens(b.name, n); err != nil {
 			return err
 		}
 	}

@@ -8,7 +8,7 @@
 //
 // Most users want a Transport, set as an http.Client's Transport:
 //
-//	rdb := redis.NewClient(&redis.Options{Addr: "localhost:6379"})
+//	rdb := redis.NewClient(quota.RedisOptions("localhost:6379"))
 //	client := &http.Client{Transport: quota.NewTransport(rdb, quota.PerMinute(300))}
 //
 // Each request then waits for a token from the bucket of its host (see
@@ -32,7 +32,7 @@
 // their grants included, and on request its rate-limit
 // headers lower it (WithProviderHeaders) and its stated costs settle it
 // (WithCost, WithSettle). A bucket may obey several limits at once
-// (WithLayers, Limiter.WaitAll).
+// (WithLayers, the layers of Limiter.WaitN).
 //
 // An operator can change a bucket's Limit and pause it at run time, for the
 // whole fleet (Limiter.SetLimit, Limiter.Pause, the quota command). A

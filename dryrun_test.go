@@ -69,7 +69,7 @@ func TestDryRunDelaysNothing(t *testing.T) {
 	tel := newTelemetry(t)
 	_, rdb := limiterServer(t)
 	prov, reached := countingServer(t)
-	client := &http.Client{Transport: NewTransport(rdb, Limit{Rate: 5, Burst: 5}, append(tel.options(), WithDryRun())...)}
+	client := &http.Client{Transport: NewTransport(rdb, Limit{Rate: 5, Burst: 5}, tel.transportOptions(WithDryRun())...)}
 
 	start := time.Now()
 	for i := range 50 {
@@ -134,7 +134,7 @@ func TestDryRunPausedBucket(t *testing.T) {
 			w.WriteHeader(http.StatusTooManyRequests)
 		}
 	})
-	tr := NewTransport(rdb, PerSecond(10), append(tel.options(), WithDryRun())...)
+	tr := NewTransport(rdb, PerSecond(10), tel.transportOptions(WithDryRun())...)
 	if err := getVia(t, tr, context.Background(), prov.URL, nil); err != nil {
 		t.Fatal(err)
 	}
@@ -164,7 +164,7 @@ func TestDryRunFailClosed(t *testing.T) {
 	tel := newTelemetry(t)
 	srv, rdb := limiterServer(t)
 	prov, reached := countingServer(t)
-	tr := NewTransport(rdb, PerSecond(10), append(tel.options(), WithDryRun(), WithLogger(discardLogger()))...)
+	tr := NewTransport(rdb, PerSecond(10), tel.transportOptions(WithDryRun(), WithLogger(discardLogger()))...)
 	srv.Kill()
 
 	client := &http.Client{Transport: tr}
@@ -264,8 +264,8 @@ func TestDryRunRecordsRefusals(t *testing.T) {
 	prov, reached := countingServer(t)
 	failKey := func(*http.Request) (string, error) { return "", errors.New("no tenant") }
 	for _, tr := range []*Transport{
-		NewTransport(rdb, lim, append(tel.options(), WithDryRun(), WithKey(failKey))...),
-		NewTransport(rdb, lim, append(tel.options(), WithDryRun(), WithNoWait(), WithKey(Fixed("k")))...),
+		NewTransport(rdb, lim, tel.transportOptions(WithDryRun(), WithKey(failKey))...),
+		NewTransport(rdb, lim, tel.transportOptions(WithDryRun(), WithNoWait(), WithKey(Fixed("k")))...),
 	} {
 		resp, err := (&http.Client{Transport: tr}).Get(prov.URL)
 		if err != nil {

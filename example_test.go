@@ -69,7 +69,7 @@ func ExampleNewTransport_regions() {
 	rdb := redis.NewClient(&redis.Options{Addr: redisServer.Addr()})
 
 	tr := quota.NewTransport(rdb, quota.PerSecond(10), // every other host
-		quota.WithKey(quota.HostRegion(quota.Header("X-Region"))),
+		quota.WithKey(quota.Join(quota.Host, quota.Header("X-Region"))),
 		quota.WithLimits(map[string]quota.Limit{
 			"api.example.com/eu": {Rate: 5, Burst: 10},
 		}),
@@ -157,11 +157,11 @@ func ExampleLimiter_Wait() {
 	// mail 4: quota: wait would exceed the context deadline: "smtp-relay" needs 10s
 }
 
-func ExampleHostRegion() {
+func ExampleJoin() {
 	req := httptest.NewRequest("GET", "https://API.example.com:443/v1", nil)
 	for _, f := range []quota.KeyFunc{
 		quota.Host,
-		quota.HostRegion(quota.Fixed("eu")),
+		quota.Join(quota.Host, quota.Fixed("eu")),
 		quota.Join(quota.Fixed("tenant-42"), quota.Host),
 	} {
 		name, _ := f(req)

@@ -439,7 +439,7 @@ func TestFaultRestartedEmptyStartsFull(t *testing.T) {
 	ws := newWorkers(t, 1, srv.Addr(), Limit{Rate: 1, Burst: 5}, FailClosed, nil)
 	l, ctx := ws[0].tr.Limiter(), context.Background()
 	lim := Limit{Rate: 1, Burst: 5}
-	if err := l.WaitN(ctx, "empty", lim, 5); err != nil {
+	if err := l.WaitN(ctx, "empty", 5, lim); err != nil {
 		t.Fatal(err)
 	}
 	srv.Kill()
@@ -451,7 +451,7 @@ func TestFaultRestartedEmptyStartsFull(t *testing.T) {
 	for {
 		short, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
 		start := time.Now()
-		err := l.WaitN(short, "empty", lim, 5)
+		err := l.WaitN(short, "empty", 5, lim)
 		cancel()
 		if errors.Is(err, ErrUnavailable) {
 			waitForMode(t, l, ModeShared, 3*time.Second)

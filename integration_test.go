@@ -623,7 +623,7 @@ type workerSpec struct {
 	Goroutines int
 	Duration   time.Duration
 	Naive      bool
-	Layers     []Limit // more Limits the bucket obeys, taken with WaitAll
+	Layers     []Limit // more Limits the bucket obeys, taken with WaitN
 	Cost       float64 // tokens a grant takes, 1 when zero
 	URL        string  // when set, GET it through a Transport instead
 	Headers    bool    // with WithProviderHeaders
@@ -662,17 +662,11 @@ func (spec workerSpec) client() redis.UniversalClient {
 	return redis.NewClient(o)
 }
 
-// options returns the Limiter's options.
-func (spec workerSpec) options() []Option {
+// limiterOptions returns the Limiter's options.
+func (spec workerSpec) limiterOptions() []Option {
 	var opts []Option
-	if spec.Headers {
-		opts = append(opts, WithProviderHeaders())
-	}
 	if spec.Fallback > 0 {
 		opts = append(opts, WithPolicy(FallbackLocal(spec.Fallback)), WithLogger(discardLogger()))
-	}
-	if spec.Concurrency > 0 {
-		opts = append(opts, WithConcurrency(spec.Concurrency))
 	}
 	if spec.SlotLease > 0 {
 		opts = append(opts, WithSlotLease(spec.SlotLease))
@@ -680,20 +674,35 @@ func (spec workerSpec) options() []Option {
 	return opts
 }
 
+// transportOptions returns the Transport's options, its Limiter's among
+// them.
+func (spec workerSpec) transportOptions() []TransportOption {
+	var opts []TransportOption
+	for _, o := range spec.limiterOptions() {
+		opts = append(opts, o)
+	}
+	if spec.Headers {
+		opts = append(opts, WithProviderHeaders())
+	}
+	if spec.Concurrency > 0 {
+		opts = append(opts, WithConcurrency(spec.Concurrency))
+	}
+	return opts
+}
+
 // acquirer returns how each of the worker's goroutines acquires one grant
-// through rdb: WaitAll on the spec's layers by default.
+// through rdb: WaitN on the spec's layers by default.
 func (spec workerSpec) acquirer(rdb redis.UniversalClient) acquireFunc {
 	cost := spec.Cost
 	if cost == 0 {
 		cost = 1
 	}
-	lims := append([]Limit{spec.Limit}, spec.Layers...)
 	switch {
 	case spec.Naive:
 		key, _ := bucketKey(DefaultPrefix, spec.Key)
 		return func(ctx context.Context) error { return naiveWait(ctx, rdb.(*redis.Client), key, spec.Limit) }
 	case spec.URL != "":
-		client := &http.Client{Transport: NewTransport(rdb, spec.Limit, spec.options()...)}
+		client := &http.Client{Transport: NewTransport(rdb, spec.Limit, spec.transportOptions()...)}
 		return func(ctx context.Context) error {
 			req, err := http.NewRequestWithContext(ctx, "GET", spec.URL, nil)
 			if err != nil {
@@ -706,8 +715,8 @@ func (spec workerSpec) acquirer(rdb redis.UniversalClient) acquireFunc {
 			return err
 		}
 	default:
-		l := NewLimiter(rdb, spec.options()...)
-		return func(ctx context.Context) error { return l.WaitAll(ctx, spec.Key, cost, lims...) }
+		l := NewLimiter(rdb, spec.limiterOptions()...)
+		return func(ctx context.Context) error { return l.WaitN(ctx, spec.Key, cost, spec.Limit, spec.Layers...) }
 	}
 }
 

@@ -44,7 +44,7 @@ func defaultPort(req *http.Request) string {
 
 // Fixed returns a KeyFunc that names the same bucket for every request, for
 // a provider that meters one account whatever host it is reached by, or a
-// region set in configuration: HostRegion(Fixed("eu")). It panics if name is
+// region set in configuration: Join(Host, Fixed("eu")). It panics if name is
 // empty.
 func Fixed(name string) KeyFunc {
 	if name == "" {
@@ -54,8 +54,9 @@ func Fixed(name string) KeyFunc {
 }
 
 // Join returns a KeyFunc that joins the names fs return with "/", for a
-// provider that meters each combination separately: Join(Host, region)
-// names "api.example.com/eu". It fails if any of fs fails or returns an
+// provider that meters each combination separately: Join(Host,
+// Header("X-Region")) names "api.example.com/eu" for a request to
+// api.example.com that carries X-Region: eu. It fails if any of fs fails or returns an
 // empty name.
 func Join(fs ...KeyFunc) KeyFunc {
 	if len(fs) == 0 {
@@ -77,12 +78,6 @@ func Join(fs ...KeyFunc) KeyFunc {
 	}
 }
 
-// HostRegion returns a KeyFunc for a provider that meters each region
-// separately: the request's host followed by the region, for example
-// "api.example.com/eu". The region is a fixed value (Fixed("eu")) or any
-// KeyFunc of the request, such as one reading a header.
-func HostRegion(region KeyFunc) KeyFunc { return Join(Host, region) }
-
 // Header returns a KeyFunc that reads the request's header name, for
 // example the region a request is meant for. It fails when the header is
 // absent or empty.
@@ -96,11 +91,11 @@ func Header(name string) KeyFunc {
 	}
 }
 
-// Allow returns a KeyFunc that names buckets as f does, but only the names
+// AllowNames returns a KeyFunc that names buckets as f does, but only the names
 // listed: any other request fails with an error matching ErrInvalidKey and
 // is not sent. Use it where requests may go to arbitrary URLs, so that
 // they cannot create buckets of their own.
-func Allow(f KeyFunc, names ...string) KeyFunc {
+func AllowNames(f KeyFunc, names ...string) KeyFunc {
 	allowed := make(map[string]bool, len(names))
 	for _, n := range names {
 		allowed[n] = true

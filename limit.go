@@ -49,6 +49,15 @@ func (l Limit) burst() float64 {
 	return l.Burst
 }
 
+// Validate reports, with an error matching ErrInvalidLimit, why no bucket
+// can be refilled at l: a Rate that is not a finite number above zero, a
+// Burst that is negative or not finite, or a bucket that would take more
+// than 366 days to fill from empty.
+func (l Limit) Validate() error {
+	_, err := l.resolve()
+	return err
+}
+
 // resolve validates l and returns it with its burst resolved.
 func (l Limit) resolve() (Limit, error) {
 	if !(l.Rate > 0) || math.IsInf(l.Rate, 0) {
@@ -67,14 +76,16 @@ func (l Limit) resolve() (Limit, error) {
 	return l, nil
 }
 
-// checkTokens reports whether n tokens can ever be granted from a bucket of
-// the resolved Limit l.
-func (l Limit) checkTokens(n float64) error {
+// checkTokens reports whether n tokens can ever be granted from the bucket
+// called name, of the resolved Limit l.
+func (l Limit) checkTokens(name string, n float64) error {
 	if !(n > 0) || math.IsInf(n, 0) {
-		return fmt.Errorf("%w: %v tokens requested, want a finite number above zero", ErrInvalidTokens, n)
+		return fmt.Errorf("%w: bucket %q: %v tokens requested, want a finite number above zero", ErrInvalidTokens, name, n)
 	}
 	if n > l.Burst {
-		return fmt.Errorf("%w: %v tokens requested from a bucket that holds %v", ErrExceedsBurst, n, l.Burst)
+		return fmt.Errorf("%w: bucket %q: %v tokens requested of a Limit of %v, which holds %v at most "+
+			"(a zero Burst is three seconds of Rate, at least 1): set the Limit's Burst to %v or more",
+			ErrExceedsBurst, name, n, l, l.Burst, n)
 	}
 	return nil
 }

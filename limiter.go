@@ -47,10 +47,17 @@ type Limiter struct {
 // *redis.Client, *redis.ClusterClient, *redis.Ring or a failover client.
 // It panics if rdb is nil.
 func NewLimiter(rdb redis.Scripter, opts ...Option) *Limiter {
+	all := make([]TransportOption, len(opts))
+	for i, o := range opts {
+		all[i] = o
+	}
+	return newLimiter(rdb, newConfig(all))
+}
+
+func newLimiter(rdb redis.Scripter, cfg config) *Limiter {
 	if rdb == nil {
 		panic("quota: NewLimiter with a nil Redis client")
 	}
-	cfg := newConfig(opts)
 	l := &Limiter{
 		cfg:    cfg,
 		store:  newStore(rdb, cfg),
@@ -94,9 +101,9 @@ func NewLimiter(rdb redis.Scripter, opts ...Option) *Limiter {
 	return l
 }
 
-// Wait is shorthand for WaitN(ctx, name, lim, 1).
+// Wait is shorthand for WaitN(ctx, name, 1, lim).
 func (l *Limiter) Wait(ctx context.Context, name string, lim Limit) error {
-	return l.WaitN(ctx, name, lim, 1)
+	return l.WaitN(ctx, name, 1, lim)
 }
 
 // WaitN blocks until n tokens of the bucket called name, refilled at lim,
@@ -104,6 +111,13 @@ func (l *Limiter) Wait(ctx context.Context, name string, lim Limit) error {
 // once, possibly into debt, and replies how long until they accrue; WaitN
 // sleeps that long and returns. Callers of one bucket are served in the
 // order their calls reached Redis, across the whole fleet.
+//
+// A bucket can obey further Limits at once, its layers, as providers
+// publish them: PerSecond(10) and PerMinute(300) and PerDay(10000). One
+// script call checks every layer and takes n tokens from all of them or
+// from none; the wait is the longest of the layers'. The first Limit lives
+// under the bucket's key and each layer under a key of its own in the same
+// Redis Cluster slot.
 //
 // A caller whose ctx has a deadline gets its place in the queue however
 // long the wait, as long as it ends before the deadline; when it would end
@@ -119,54 +133,45 @@ func (l *Limiter) Wait(ctx context.Context, name string, lim Limit) error {
 // An invalid lim, n or name fails at once, without a Redis call, with an
 // error matching ErrInvalidLimit, ErrInvalidTokens, ErrExceedsBurst or
 // ErrInvalidKey. While Redis is unavailable, the Limiter's Policy decides.
-func (l *Limiter) WaitN(ctx context.Context, name string, lim Limit, n float64) error {
-	return l.WaitAll(ctx, name, n, lim)
-}
-
-// WaitAll is WaitN for a bucket that obeys several Limits at once, as
-// providers publish them: 10 a second and 300 a minute and 10,000 a day.
-// One script call checks every layer and takes n tokens from all of them
-// or from none; the wait is the longest of the layers'. The first layer
-// lives under the bucket's key and each further one under a key of its own
-// in the same Redis Cluster slot.
-func (l *Limiter) WaitAll(ctx context.Context, name string, n float64, lims ...Limit) error {
-	_, err := l.acquire(ctx, name, ask{n: n, lims: lims})
+func (l *Limiter) WaitN(ctx context.Context, name string, n float64, lim Limit, layers ...Limit) error {
+	_, err := l.acquire(ctx, name, ask{n: n, lims: limits(lim, layers)})
 	return err
 }
 
-// Allow is shorthand for AllowN(ctx, name, lim, 1).
+// Allow is shorthand for AllowN(ctx, name, 1, lim).
 func (l *Limiter) Allow(ctx context.Context, name string, lim Limit) (bool, error) {
-	return l.AllowN(ctx, name, lim, 1)
+	return l.AllowN(ctx, name, 1, lim)
 }
 
 // AllowN reports whether n tokens of the bucket called name, refilled at
-// lim, are available now, and takes them if they are. It never waits: it
-// asks Redis once, and a take that would have to wait takes nothing and
-// reports false. A bucket that a provider's Retry-After paused has no
-// tokens available.
+// lim and obeying its layers (see WaitN), are available now, and takes
+// them if they are. It never waits: it asks Redis once, and a take that
+// would have to wait takes nothing and reports false. A bucket that a
+// provider's Retry-After paused has no tokens available.
 //
 // Invalid input fails as in WaitN, without a Redis call. While Redis is
 // unavailable the Policy decides: FailOpen reports true, FailClosed false
 // with an error matching ErrUnavailable, and FallbackLocal whether this
 // process's local share has the tokens now.
-func (l *Limiter) AllowN(ctx context.Context, name string, lim Limit, n float64) (bool, error) {
-	return l.AllowAll(ctx, name, n, lim)
-}
-
-// AllowAll is AllowN for a bucket that obeys several Limits at once (see
-// WaitAll): it takes n tokens from every layer when all of them have them
-// now, and from none otherwise.
-func (l *Limiter) AllowAll(ctx context.Context, name string, n float64, lims ...Limit) (bool, error) {
-	_, err := l.acquire(ctx, name, ask{n: n, lims: lims, noWait: true})
+func (l *Limiter) AllowN(ctx context.Context, name string, n float64, lim Limit, layers ...Limit) (bool, error) {
+	_, err := l.acquire(ctx, name, ask{n: n, lims: limits(lim, layers), noWait: true})
 	if errors.Is(err, ErrWouldWait) {
 		return false, nil
 	}
 	return err == nil, err
 }
 
+// limits is lim followed by its layers.
+func limits(lim Limit, layers []Limit) []Limit {
+	if len(layers) == 0 {
+		return []Limit{lim}
+	}
+	return append([]Limit{lim}, layers...)
+}
+
 // ask is what one acquisition asks for: n tokens from each of the layers
 // lims, and, when slots is above zero, one of the bucket's slots; at once
-// or not at all when noWait is set (AllowAll, WithNoWait), failing with
+// or not at all when noWait is set (AllowN, WithNoWait), failing with
 // ErrWouldWait otherwise.
 type ask struct {
 	n      float64

@@ -129,7 +129,7 @@ func TestLimitChangeDuringAPause(t *testing.T) {
 			t.Fatal(err)
 		}
 		// A Wait records the callers' Limit for the change to rescale from.
-		if err := l.WaitN(ctx, name, lim, 100); err != nil {
+		if err := l.WaitN(ctx, name, 100, lim); err != nil {
 			t.Fatal(err)
 		}
 		for range 2 {
@@ -248,7 +248,7 @@ func TestNothingSpins(t *testing.T) {
 	rdb := srv.Client(t)
 	cmds := newCmdCounter()
 	rdb.AddHook(cmds)
-	l := NewLimiter(rdb, WithBatching(false))
+	l := NewLimiter(rdb, WithNoBatching())
 	b, _ := l.bucket("spun", []Limit{{Rate: 1 / (300 * 86400.0), Burst: 1}})
 	began := time.Now()
 	for time.Since(began) < 200*time.Millisecond {
@@ -385,7 +385,7 @@ func TestGiveBackKeepsTheRetryAfter(t *testing.T) {
 	ctx := context.Background()
 	lim := Limit{Rate: 1, Burst: 10}
 	b, _ := l.bucket("given-back", []Limit{lim})
-	if err := l.WaitN(ctx, "given-back", lim, 10); err != nil { // as a request's take
+	if err := l.WaitN(ctx, "given-back", 10, lim); err != nil { // as a request's take
 		t.Fatal(err)
 	}
 	for range 2 {
@@ -412,16 +412,16 @@ func TestUpdatesUseTheLimitInForce(t *testing.T) {
 	for _, tc := range []struct {
 		name             string
 		passed, override Limit
-		opts             []Option
+		opts             []TransportOption
 		header           string
 		want             float64 // tokens left
 	}{
 		// A settle of 9 for a request that took 1, under 1/s burst 10.
 		{"settle", Limit{Rate: 100, Burst: 100}, Limit{Rate: 1, Burst: 10},
-			[]Option{WithSettle(func(*http.Response) (float64, bool) { return 9, true })}, "", 1},
+			[]TransportOption{WithSettle(func(*http.Response) (float64, bool) { return 9, true })}, "", 1},
 		// The provider says 5 remain, under 10/s burst 100.
 		{"lower", Limit{Rate: 10, Burst: 30}, Limit{Rate: 10, Burst: 100},
-			[]Option{WithProviderHeaders()}, "5", 5},
+			[]TransportOption{WithProviderHeaders()}, "5", 5},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			provider := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

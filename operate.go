@@ -58,7 +58,7 @@ type Status struct {
 // SetLimit stores lim as the Limit of the first layer of the bucket called
 // name, in place of the Limit its callers pass, for every Limiter that
 // shares the Redis and the prefix: within a second, without a restart.
-// Further layers (WithLayers, WaitAll) keep their own Limits. The
+// Further layers (WithLayers, the layers of WaitN) keep their own Limits. The
 // override stays until ClearLimit; the fleet's local shares under
 // FallbackLocal follow it too. A caller asking for more tokens than the
 // override's burst is refused with ErrExceedsBurst.

@@ -283,12 +283,12 @@ func TestStatusReports(t *testing.T) {
 	}
 
 	// 8 tokens of 5: 3 owed, the last grant due in 0.3 s.
-	if ok, err := l.AllowN(ctx, name, lim, 5); !ok || err != nil {
+	if ok, err := l.AllowN(ctx, name, 5, lim); !ok || err != nil {
 		t.Fatal(ok, err)
 	}
 	ctx3, cancel := context.WithTimeout(ctx, 10*time.Millisecond)
 	defer cancel()
-	go func() { _ = l.WaitN(context.WithoutCancel(ctx3), name, lim, 3) }()
+	go func() { _ = l.WaitN(context.WithoutCancel(ctx3), name, 3, lim) }()
 	_ = counting.Wait(ctx, "other", lim)
 	time.Sleep(20 * time.Millisecond)
 	st, err = l.Status(ctx, name)
@@ -413,7 +413,7 @@ func TestOverrideAppliesToTheFirstLayerOnly(t *testing.T) {
 	// 3 are untouched by it.
 	granted := 0
 	for range 5 {
-		if ok, err := l.AllowAll(ctx, "layers", 1, perSecond, perMinute); err != nil {
+		if ok, err := l.AllowN(ctx, "layers", 1, perSecond, perMinute); err != nil {
 			t.Fatal(err)
 		} else if ok {
 			granted++
@@ -422,7 +422,7 @@ func TestOverrideAppliesToTheFirstLayerOnly(t *testing.T) {
 	if granted != 2 {
 		t.Errorf("%d granted under an override of burst 2, want 2", granted)
 	}
-	if _, err := l.AllowN(ctx, "layers", perSecond, 3); !errors.Is(err, ErrExceedsBurst) {
+	if _, err := l.AllowN(ctx, "layers", 3, perSecond); !errors.Is(err, ErrExceedsBurst) {
 		t.Errorf("3 tokens under an override of burst 2: %v, want ErrExceedsBurst", err)
 	}
 }
@@ -507,7 +507,7 @@ func TestControlRecordExpires(t *testing.T) {
 		return d
 	}
 	// A queue of a minute: the record lives as long.
-	if ok, err := l.AllowN(ctx, name, Limit{Rate: 1, Burst: 61}, 61); !ok || err != nil {
+	if ok, err := l.AllowN(ctx, name, 61, Limit{Rate: 1, Burst: 61}); !ok || err != nil {
 		t.Fatal(ok, err)
 	}
 	if err := l.ClearLimit(ctx, name); err != nil { // a write, that sets the expiry again

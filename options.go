@@ -18,17 +18,35 @@ const DefaultPrefix = "quota:"
 // deadline, unless WithMaxWait says otherwise.
 const DefaultMaxWait = 5 * time.Second
 
-// An Option configures a Limiter or a Transport. Options that only a
-// Transport uses (WithBase, WithKey, WithLimits, WithLayers, WithCost,
-// WithSettle, WithMaxPause, WithProviderHeaders, WithConcurrency) are
-// ignored by NewLimiter.
+// An Option configures a Limiter: NewLimiter takes it, and so does
+// NewTransport for the Limiter it makes. Every Option is a
+// TransportOption.
 type Option interface {
+	TransportOption
+	limiterOption()
+}
+
+// A TransportOption configures a Transport. The options that only a
+// Transport uses (WithBase, WithKey, WithLimits, WithLayers, WithCost,
+// WithSettle, WithMaxPause, WithProviderHeaders, WithConcurrency,
+// WithNoWait, WithLimiter) are TransportOptions and not Options, so that
+// NewLimiter refuses them at compile time.
+type TransportOption interface {
 	apply(*config)
 }
 
-type optionFunc func(*config)
+// limiterOpt is an Option; transportOpt only a TransportOption.
+type (
+	limiterOpt   func(*config)
+	transportOpt func(*config)
+)
 
-func (f optionFunc) apply(c *config) { f(c) }
+func (f limiterOpt) apply(c *config) {
+	f(c)
+	c.limiterOpts++
+}
+func (limiterOpt) limiterOption()      {}
+func (f transportOpt) apply(c *config) { f(c) }
 
 type config struct {
 	// Limiter
@@ -57,9 +75,11 @@ type config struct {
 	noWait          bool
 	providerHeaders bool
 	concurrency     int
+
+	limiterOpts int // Options given, which WithLimiter refuses beside it
 }
 
-func newConfig(opts []Option) config {
+func newConfig(opts []TransportOption) config {
 	c := config{
 		prefix:   DefaultPrefix,
 		maxWait:  DefaultMaxWait,
@@ -81,7 +101,7 @@ func newConfig(opts []Option) config {
 // default. The bucket's name follows it inside a hash tag, so a bucket named
 // api.example.com lives at quota:{api.example.com}.
 func WithPrefix(prefix string) Option {
-	return optionFunc(func(c *config) { c.prefix = prefix })
+	return limiterOpt(func(c *config) { c.prefix = prefix })
 }
 
 // WithMaxWait bounds a single sleep of Wait for callers whose context has
@@ -94,7 +114,7 @@ func WithMaxWait(d time.Duration) Option {
 	if d <= 0 {
 		panic(fmt.Sprintf("quota: WithMaxWait(%v): the wait must be positive", d))
 	}
-	return optionFunc(func(c *config) { c.maxWait = d })
+	return limiterOpt(func(c *config) { c.maxWait = d })
 }
 
 // WithNoWait makes a Transport refuse a request at once, when its tokens
@@ -102,10 +122,10 @@ func WithMaxWait(d time.Duration) Option {
 // nothing, sends nothing, closes the request body and returns an error
 // matching ErrWouldWait that names the bucket and how long the wait would
 // have been. Under a retrying client the refusal is retried after the
-// client's backoff (it is not Permanent). NewLimiter ignores it: a
-// Limiter's callers who must not wait use Limiter.Allow.
-func WithNoWait() Option {
-	return optionFunc(func(c *config) { c.noWait = true })
+// client's backoff (it is not Permanent). A Limiter's callers who must not
+// wait use Limiter.Allow.
+func WithNoWait() TransportOption {
+	return transportOpt(func(c *config) { c.noWait = true })
 }
 
 // WithLimiter makes a Transport take its tokens from l, shared with the
@@ -114,31 +134,32 @@ func WithNoWait() Option {
 // to Redis, one view of each bucket's pause and Limit, and one breaker.
 // NewTransport's rdb is then unused and may be nil, and the options that
 // configure a Limiter (WithPrefix, WithPolicy, WithMaxWait, WithDryRun,
-// ...) are l's own: given to NewTransport beside WithLimiter, they are
-// ignored. NewLimiter ignores WithLimiter. It panics if l is nil.
-func WithLimiter(l *Limiter) Option {
+// ...) are l's own: NewTransport panics when one is given beside
+// WithLimiter, as it would have no effect. It panics if l is nil.
+func WithLimiter(l *Limiter) TransportOption {
 	if l == nil {
 		panic("quota: WithLimiter(nil)")
 	}
-	return optionFunc(func(c *config) { c.limiter = l })
+	return transportOpt(func(c *config) { c.limiter = l })
 }
 
-// WithBatching sets whether the callers of one bucket in one Limiter share
-// script calls, true by default. A caller that finds no call for its bucket
-// in flight goes at once, alone. Callers that arrive while one is in flight
-// queue in arrival order, and all of them go in the next call when it
-// returns (at most 256 a call): one Redis command serves them, each granted
-// or refused on its own, in its place in the queue, its deadline counted
-// from its own call. On a bucket with a queue, where callers ask again one
-// interval apart, a caller that finds no call in flight holds its call for
-// up to 50 ms, never past the end of the queue (before which its own grant
-// cannot fall due), so that the callers arriving meanwhile go in it; a
-// bucket that never makes anyone wait never holds. The shared call runs in
-// the first caller's context, so a Redis tracing hook nests it under that
-// caller's wait span; every wait span carries the size of its batch.
-// WithBatching(false) makes every acquisition a call of its own.
-func WithBatching(on bool) Option {
-	return optionFunc(func(c *config) { c.noBatching = !on })
+// WithNoBatching makes every acquisition a script call of its own.
+//
+// By default the callers of one bucket in one Limiter share script calls.
+// A caller that finds no call for its bucket in flight goes at once, alone.
+// Callers that arrive while one is in flight queue in arrival order, and all
+// of them go in the next call when it returns (at most 256 a call): one
+// Redis command serves them, each granted or refused on its own, in its
+// place in the queue, its deadline counted from its own call. On a bucket
+// with a queue, where callers ask again one interval apart, a caller that
+// finds no call in flight holds its call for up to 50 ms, never past the
+// end of the queue (before which its own grant cannot fall due), so that
+// the callers arriving meanwhile go in it; a bucket that never makes anyone
+// wait never holds. The shared call runs in the first caller's context, so
+// a Redis tracing hook nests it under that caller's wait span; every wait
+// span carries the size of its batch.
+func WithNoBatching() Option {
+	return limiterOpt(func(c *config) { c.noBatching = true })
 }
 
 // WithClock makes the script use now, the callers' clock, instead of the
@@ -151,13 +172,13 @@ func WithClock(now func() time.Time) Option {
 	if now == nil {
 		panic("quota: WithClock(nil)")
 	}
-	return optionFunc(func(c *config) { c.clock = now })
+	return limiterOpt(func(c *config) { c.clock = now })
 }
 
 // WithPolicy sets what happens while Redis is unavailable, FailClosed by
 // default.
 func WithPolicy(p Policy) Option {
-	return optionFunc(func(c *config) { c.policy = p })
+	return limiterOpt(func(c *config) { c.policy = p })
 }
 
 // WithDryRun makes a Limiter, or a Transport, take tokens and measure as
@@ -183,7 +204,7 @@ func WithPolicy(p Policy) Option {
 // and fail nothing; only the caller's own context ending still returns its
 // error, since that is not quota refusing. Nothing is logged per request.
 func WithDryRun() Option {
-	return optionFunc(func(c *config) { c.dryRun = true })
+	return limiterOpt(func(c *config) { c.dryRun = true })
 }
 
 // WithLogger sets the logger for changes of mode, slog.Default() by default.
@@ -193,38 +214,38 @@ func WithLogger(l *slog.Logger) Option {
 	if l == nil {
 		panic("quota: WithLogger(nil)")
 	}
-	return optionFunc(func(c *config) { c.logger = l })
+	return limiterOpt(func(c *config) { c.logger = l })
 }
 
 // WithTracerProvider sets the provider of the tracer for wait spans, the
 // global provider by default.
 func WithTracerProvider(tp trace.TracerProvider) Option {
-	return optionFunc(func(c *config) { c.tracerProvider = tp })
+	return limiterOpt(func(c *config) { c.tracerProvider = tp })
 }
 
 // WithMeterProvider sets the provider of the meter for the package's
 // metrics, the global provider by default.
 func WithMeterProvider(mp metric.MeterProvider) Option {
-	return optionFunc(func(c *config) { c.meterProvider = mp })
+	return limiterOpt(func(c *config) { c.meterProvider = mp })
 }
 
 // WithMetricKeys adds the bucket's name (quota.key) to the attributes of
 // the acquisition metrics. Leave it off where names come from untrusted
 // input or are many: each name is a time series. Spans always carry it.
 func WithMetricKeys() Option {
-	return optionFunc(func(c *config) { c.metricKeys = true })
+	return limiterOpt(func(c *config) { c.metricKeys = true })
 }
 
 // WithName names the Limiter in its logs and in the quota.limiter attribute
 // of the quota.limiter.mode gauge, the Redis address by default.
 func WithName(name string) Option {
-	return optionFunc(func(c *config) { c.name = name })
+	return limiterOpt(func(c *config) { c.name = name })
 }
 
 // WithBase sets the RoundTripper a Transport delegates to,
 // http.DefaultTransport by default or when rt is nil.
-func WithBase(rt http.RoundTripper) Option {
-	return optionFunc(func(c *config) {
+func WithBase(rt http.RoundTripper) TransportOption {
+	return transportOpt(func(c *config) {
 		if rt == nil {
 			rt = http.DefaultTransport
 		}
@@ -234,32 +255,32 @@ func WithBase(rt http.RoundTripper) Option {
 
 // WithKey sets how a Transport names the bucket of a request, Host by
 // default. It panics if f is nil.
-func WithKey(f KeyFunc) Option {
+func WithKey(f KeyFunc) TransportOption {
 	if f == nil {
 		panic("quota: WithKey(nil)")
 	}
-	return optionFunc(func(c *config) { c.key = f })
+	return transportOpt(func(c *config) { c.key = f })
 }
 
 // WithLimits gives the buckets named in m their own Limit; a Transport uses
 // the Limit passed to NewTransport for every other bucket. The names are
 // those the KeyFunc returns, for example "api.example.com" or
 // "api.example.com/eu". The map is copied.
-func WithLimits(m map[string]Limit) Option {
+func WithLimits(m map[string]Limit) TransportOption {
 	cp := make(map[string]Limit, len(m))
 	for k, v := range m {
 		cp[k] = v
 	}
-	return optionFunc(func(c *config) { c.limits = cp })
+	return transportOpt(func(c *config) { c.limits = cp })
 }
 
 // WithLayers makes every bucket of a Transport obey lims as well as its own
 // Limit, as providers publish layered limits: PerSecond(10) for the bucket
 // and WithLayers(PerMinute(300), PerDay(10000)). Each request takes its
 // tokens from every layer in one script call, all or nothing.
-func WithLayers(lims ...Limit) Option {
+func WithLayers(lims ...Limit) TransportOption {
 	cp := append([]Limit(nil), lims...)
-	return optionFunc(func(c *config) { c.layers = cp })
+	return transportOpt(func(c *config) { c.layers = cp })
 }
 
 // WithCost sets how many tokens a request takes, 1 by default: a batch
@@ -267,11 +288,11 @@ func WithLayers(lims ...Limit) Option {
 // number above zero fails the request with ErrInvalidTokens, and one larger
 // than the burst with ErrExceedsBurst, before anything is sent. It panics
 // if f is nil.
-func WithCost(f func(*http.Request) float64) Option {
+func WithCost(f func(*http.Request) float64) TransportOption {
 	if f == nil {
 		panic("quota: WithCost(nil)")
 	}
-	return optionFunc(func(c *config) { c.cost = f })
+	return transportOpt(func(c *config) { c.cost = f })
 }
 
 // WithSettle makes a Transport settle each request's cost once its response
@@ -280,11 +301,11 @@ func WithCost(f func(*http.Request) float64) Option {
 // WithCost missed are then taken from the bucket, without waiting, so that
 // the next callers wait for them; tokens it overcounted are given back. It
 // panics if f is nil.
-func WithSettle(f func(*http.Response) (float64, bool)) Option {
+func WithSettle(f func(*http.Response) (float64, bool)) TransportOption {
 	if f == nil {
 		panic("quota: WithSettle(nil)")
 	}
-	return optionFunc(func(c *config) { c.settle = f })
+	return transportOpt(func(c *config) { c.settle = f })
 }
 
 // WithMaxPause bounds the pause that a provider's 429 or 503 response with
@@ -292,11 +313,11 @@ func WithSettle(f func(*http.Response) (float64, bool)) Option {
 // default, so that a hostile or broken header cannot stop the fleet for a
 // day. Zero turns the pause off: each worker then finds the 429 on its own.
 // It panics if d is negative.
-func WithMaxPause(d time.Duration) Option {
+func WithMaxPause(d time.Duration) TransportOption {
 	if d < 0 {
 		panic(fmt.Sprintf("quota: WithMaxPause(%v): the pause must not be negative", d))
 	}
-	return optionFunc(func(c *config) { c.maxPause = d })
+	return transportOpt(func(c *config) { c.maxPause = d })
 }
 
 // WithConcurrency makes a Transport hold one of n concurrency slots of the
@@ -315,11 +336,11 @@ func WithMaxPause(d time.Duration) Option {
 // asks. Waiting for a slot is first come, first served across the fleet and
 // lasts until the request's context ends (see Limiter.AcquireSlot). It
 // panics if n is less than 1.
-func WithConcurrency(n int) Option {
+func WithConcurrency(n int) TransportOption {
 	if n < 1 {
 		panic(fmt.Sprintf("quota: WithConcurrency(%d): want at least one slot", n))
 	}
-	return optionFunc(func(c *config) { c.concurrency = n })
+	return transportOpt(func(c *config) { c.concurrency = n })
 }
 
 // WithSlotLease sets the lease of a concurrency slot, DefaultSlotLease
@@ -334,7 +355,7 @@ func WithSlotLease(d time.Duration) Option {
 	if d < time.Millisecond {
 		panic(fmt.Sprintf("quota: WithSlotLease(%v): want at least a millisecond", d))
 	}
-	return optionFunc(func(c *config) { c.slotLease = d })
+	return limiterOpt(func(c *config) { c.slotLease = d })
 }
 
 // WithProviderHeaders makes a Transport read the provider's rate-limit
@@ -344,6 +365,6 @@ func WithSlotLease(d time.Duration) Option {
 // follows the provider's own count, for example when another system shares
 // the account. It costs one more Redis call for responses that report fewer
 // remaining than the burst.
-func WithProviderHeaders() Option {
-	return optionFunc(func(c *config) { c.providerHeaders = true })
+func WithProviderHeaders() TransportOption {
+	return transportOpt(func(c *config) { c.providerHeaders = true })
 }

@@ -47,6 +47,11 @@ func (tel *telemetry) options() []Option {
 	return []Option{WithTracerProvider(tel.tp), WithMeterProvider(tel.mp)}
 }
 
+// transportOptions is options for a Transport, followed by more.
+func (tel *telemetry) transportOptions(more ...TransportOption) []TransportOption {
+	return append([]TransportOption{WithTracerProvider(tel.tp), WithMeterProvider(tel.mp)}, more...)
+}
+
 // waitSpans returns the ended quota.wait spans.
 func (tel *telemetry) waitSpans() []sdktrace.ReadOnlySpan {
 	var out []sdktrace.ReadOnlySpan
@@ -99,7 +104,7 @@ func TestWaitSpan(t *testing.T) {
 		}
 		return okResponse(r)
 	})
-	tr := NewTransport(rdb, Limit{Rate: 2, Burst: 1}, append(tel.options(), WithBase(base))...)
+	tr := NewTransport(rdb, Limit{Rate: 2, Burst: 1}, tel.transportOptions(WithBase(base))...)
 
 	ctx, caller := tel.tp.Tracer("test").Start(context.Background(), "caller")
 	req, _ := http.NewRequestWithContext(ctx, "GET", "https://api.example.com/v1", nil)
@@ -171,7 +176,7 @@ func TestWaitSpanErrors(t *testing.T) {
 
 	_ = l.Wait(ctx, "k", Limit{Rate: -1})
 	short, cancel := context.WithTimeout(ctx, 5*time.Second)
-	_ = l.WaitN(short, "k", Limit{Rate: 0.1, Burst: 2}, 2)
+	_ = l.WaitN(short, "k", 2, Limit{Rate: 0.1, Burst: 2})
 	_ = l.Wait(short, "k", Limit{Rate: 0.1, Burst: 2}) // 10 s away: would pass the deadline
 	cancel()
 	mr.Close()
@@ -244,7 +249,7 @@ func TestMetrics(t *testing.T) {
 	atLeast = append(atLeast, 0)
 	short, cancel2 := context.WithTimeout(ctx, 250*time.Millisecond) // the 2 tokens are 300ms away
 	defer cancel2()
-	if err := call(func() error { return l.WaitN(short, "k", lim, 2) }); !errors.Is(err, ErrWouldExceedDeadline) {
+	if err := call(func() error { return l.WaitN(short, "k", 2, lim) }); !errors.Is(err, ErrWouldExceedDeadline) {
 		t.Fatalf("err = %v", err)
 	}
 	atLeast = append(atLeast, 0)
@@ -411,7 +416,7 @@ func TestPauseSpan(t *testing.T) {
 		w.Header().Set("Retry-After", "1")
 		w.WriteHeader(http.StatusTooManyRequests)
 	})
-	tr := NewTransport(rdb, PerSecond(10), tel.options()...)
+	tr := NewTransport(rdb, PerSecond(10), tel.transportOptions()...)
 	ctx, caller := tel.tp.Tracer("test").Start(context.Background(), "caller")
 	if err := getVia(t, tr, ctx, prov.URL, nil); err != nil {
 		t.Fatal(err)

@@ -159,7 +159,7 @@ func TestRetryAfterPausesTheFleet(t *testing.T) {
 
 func TestMaxPause(t *testing.T) {
 	for _, tc := range []struct {
-		opt  Option
+		opt  TransportOption
 		want time.Duration
 	}{
 		{WithMaxPause(200 * time.Millisecond), 200 * time.Millisecond},

@@ -40,12 +40,15 @@ var _ http.RoundTripper = (*Transport)(nil)
 // Limiter of its own, or WithLimiter's. By default it delegates to
 // http.DefaultTransport and names the bucket after the request's host. It
 // panics if rdb is nil without WithLimiter.
-func NewTransport(rdb redis.Scripter, lim Limit, opts ...Option) *Transport {
+func NewTransport(rdb redis.Scripter, lim Limit, opts ...TransportOption) *Transport {
 	cfg := newConfig(opts)
 	l := cfg.limiter
 	if l == nil {
-		l = NewLimiter(rdb, opts...)
+		l = newLimiter(rdb, cfg)
 		return &Transport{limiter: l, cfg: l.cfg, limit: lim}
+	}
+	if cfg.limiterOpts > 0 {
+		panic("quota: NewTransport with WithLimiter and an Option of the Limiter's own (WithPrefix, WithPolicy, ...), which would have no effect: give it to NewLimiter")
 	}
 	// The Limiter's options are its own; the Transport's come from opts.
 	shared := l.cfg

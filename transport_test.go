@@ -74,8 +74,8 @@ func TestKeyFuncs(t *testing.T) {
 		want string
 	}{
 		{"fixed", Fixed("geocoder"), "geocoder"},
-		{"host region fixed", HostRegion(Fixed("us")), "geo.example.com/us"},
-		{"host region header", HostRegion(Header("X-Region")), "geo.example.com/eu"},
+		{"host region fixed", Join(Host, Fixed("us")), "geo.example.com/us"},
+		{"host region header", Join(Host, Header("X-Region")), "geo.example.com/eu"},
 		{"join", Join(Fixed("acct"), Host, Header("X-Region")), "acct/geo.example.com/eu"},
 	} {
 		got, err := tc.f(req)
@@ -83,8 +83,8 @@ func TestKeyFuncs(t *testing.T) {
 			t.Errorf("%s: got %q, %v; want %q", tc.name, got, err, tc.want)
 		}
 	}
-	if _, err := HostRegion(Header("X-Missing"))(req); err == nil {
-		t.Error("HostRegion with a missing header: want an error")
+	if _, err := Join(Host, Header("X-Missing"))(req); err == nil {
+		t.Error("Join with a missing header: want an error")
 	}
 	empty := func(*http.Request) (string, error) { return "", nil }
 	if _, err := Join(Host, empty)(req); err == nil {
@@ -212,7 +212,7 @@ func TestInvalidInputMakesNoRedisCall(t *testing.T) {
 		{"empty key", "", PerSecond(1), 1, ErrInvalidKey},
 	} {
 		done := make(chan error, 1)
-		go func() { done <- l.WaitN(ctx, tc.key, tc.lim, tc.n) }()
+		go func() { done <- l.WaitN(ctx, tc.key, tc.n, tc.lim) }()
 		select {
 		case err := <-done:
 			if !errors.Is(err, tc.want) {
@@ -447,7 +447,7 @@ func TestMaxWaitAsksAgain(t *testing.T) {
 	l := NewLimiter(rdb, WithMaxWait(100*time.Millisecond))
 	lim := Limit{Rate: 2, Burst: 1}
 	first, emptied := withDueRecord(context.Background())
-	if err := l.WaitN(first, "k", lim, 1); err != nil {
+	if err := l.WaitN(first, "k", 1, lim); err != nil {
 		t.Fatal(err)
 	}
 	cmds.reset()
@@ -455,7 +455,7 @@ func TestMaxWaitAsksAgain(t *testing.T) {
 	// MaxWait: the limiter sleeps 100ms and asks again, at most four
 	// times (its fifth call finds 100ms at most), and is granted then.
 	ctx, rec := withDueRecord(context.Background())
-	if err := l.WaitN(ctx, "k", lim, 1); err != nil {
+	if err := l.WaitN(ctx, "k", 1, lim); err != nil {
 		t.Fatal(err)
 	}
 	woke := time.Now()
@@ -524,7 +524,7 @@ func TestAllow(t *testing.T) {
 	_, rdb, cmds := newMini(t)
 	var sent atomic.Int64
 	base := roundTripFunc(func(r *http.Request) (*http.Response, error) { sent.Add(1); return okResponse(r) })
-	tr := NewTransport(rdb, PerSecond(10), WithBase(base), WithKey(Allow(Host, "api.example.com", "geo.example.com")))
+	tr := NewTransport(rdb, PerSecond(10), WithBase(base), WithKey(AllowNames(Host, "api.example.com", "geo.example.com")))
 	for _, tc := range []struct {
 		url string
 		ok  bool
@@ -549,4 +549,33 @@ func TestAllow(t *testing.T) {
 // oneLayer is the bucket of a single Limit under the Redis key rkey.
 func oneLayer(rkey string, lim Limit) bucket {
 	return bucket{name: rkey, keys: []string{rkey}, lims: []Limit{lim}, call: []string{rkey, rkey + controlSuffix}}
+}
+
+// TestWithLimiterRefusesLimiterOptions: an option of the Limiter's own
+// beside WithLimiter would have no effect, so NewTransport refuses it.
+func TestWithLimiterRefusesLimiterOptions(t *testing.T) {
+	_, rdb, _ := newMini(t)
+	l := NewLimiter(rdb)
+	NewTransport(nil, PerSecond(1), WithLimiter(l), WithConcurrency(2)) // a Transport's own: accepted
+	defer func() {
+		if recover() == nil {
+			t.Error("NewTransport with WithLimiter and WithPrefix did not panic")
+		}
+	}()
+	NewTransport(nil, PerSecond(1), WithLimiter(l), WithPrefix("other:"))
+}
+
+// TestExceedsBurstSaysWhatToDo: the error of a cost above the burst names
+// the bucket, the burst and the fix.
+func TestExceedsBurstSaysWhatToDo(t *testing.T) {
+	_, rdb, _ := newMini(t)
+	err := NewLimiter(rdb).WaitN(context.Background(), "daily", 5, PerDay(10000))
+	if !errors.Is(err, ErrExceedsBurst) {
+		t.Fatalf("got %v, want ErrExceedsBurst", err)
+	}
+	for _, want := range []string{`"daily"`, "holds 1 at most", "a zero Burst is three seconds of Rate", "set the Limit's Burst to 5 or more"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("%q does not say %q", err, want)
+		}
+	}
 }

@@ -3,7 +3,7 @@
 // table of the peers, quota's targets, and a scaling table:
 //
 //   - quota's Limiter.Wait, whose goroutines share a script call while one
-//     for their bucket is in flight, and the same with WithBatching(false),
+//     for their bucket is in flight, and the same with WithNoBatching(),
 //     a call each; and the same with batching on a client that answers the
 //     reads of the buckets' control records itself instead of sending them,
 //     what an acquisition cost Redis before runtime control;

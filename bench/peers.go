@@ -33,7 +33,7 @@ type peer struct {
 // The names of the peers that the figures under the table compare.
 const (
 	quotaName     = "quota Limiter.Wait"
-	unbatchedName = "quota, WithBatching(false)"
+	unbatchedName = "quota, WithNoBatching()"
 	uncontrolName = "quota, control reads not sent"
 	redisRateName = "go-redis/redis_rate v10"
 	seedName      = "seed article script + loop"
@@ -55,7 +55,11 @@ var peers = []peer{
 // the next call; without, each acquisition is a call of its own.
 func quotaAcquire(batching bool) func(rdb *redis.Client, key string, lim limit) acquireFunc {
 	return func(rdb *redis.Client, key string, lim limit) acquireFunc {
-		l := quota.NewLimiter(rdb, quota.WithBatching(batching))
+		var opts []quota.Option
+		if !batching {
+			opts = append(opts, quota.WithNoBatching())
+		}
+		l := quota.NewLimiter(rdb, opts...)
 		ql := quota.Limit{Rate: lim.Rate, Burst: float64(lim.Burst)}
 		return func(ctx context.Context) error { return l.Wait(ctx, key, ql) }
 	}

@@ -186,7 +186,7 @@ func targets(cfg config, all []peerResult) []target {
 		{fmt.Sprintf("cmds/grant ×%d", cfg.parallel), fmtFloat(q.tputCmds), "at most 0.1", q.tputCmds <= 0.1},
 		{"Redis CPU/acq", fmtRatio(cpu) + " redis_rate's", "at most 0.3x", cpu <= 0.3},
 		{fmt.Sprintf("acq/s ×%d", cfg.parallel), fmtRatio(tput) + " redis_rate's", "at least 3x", tput >= 3},
-		{"p50", fmtRatio(p50) + " quota's with WithBatching(false)", "at most 1.05x", p50 <= 1.05},
+		{"p50", fmtRatio(p50) + " quota's with WithNoBatching()", "at most 1.05x", p50 <= 1.05},
 		{"Redis CPU/acq with runtime control", fmtRatio(ctlCPU) + " quota's without its control reads", "at most 1.05x", ctlCPU <= 1.05},
 	}
 	for _, c := range q.swarms {

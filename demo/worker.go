@@ -46,11 +46,11 @@ func runWorker() error {
 	case modeLocal:
 		rt = &localLimit{lim: rate.NewLimiter(rate.Limit(spec.Rate), spec.Burst), next: base}
 	case modeShared, modeFallback:
-		opts := []quota.Option{quota.WithBase(base), quota.WithLogger(logger), quota.WithPrefix(spec.Prefix)}
+		opts := []quota.TransportOption{quota.WithBase(base), quota.WithLogger(logger), quota.WithPrefix(spec.Prefix)}
 		if spec.Mode == modeFallback {
 			opts = append(opts, quota.WithPolicy(quota.FallbackLocal(spec.Workers)))
 		}
-		rdb := newRedisClient(spec.Redis)
+		rdb := redis.NewClient(quota.RedisOptions(spec.Redis))
 		defer rdb.Close()
 		tr := quota.NewTransport(rdb, quota.Limit{Rate: spec.Rate, Burst: float64(spec.Burst)}, opts...)
 		rt, limiter = tr, tr.Limiter()
@@ -110,22 +110,6 @@ func warmUp(conns *http.Transport, spec workerSpec) {
 type quiet struct{}
 
 func (quiet) Printf(context.Context, string, ...any) {}
-
-// newRedisClient returns a client configured for a limiter: short timeouts
-// and no retries, so that an outage is found within one call and the
-// policy takes over at once.
-func newRedisClient(addr string) *redis.Client {
-	return redis.NewClient(&redis.Options{
-		Addr:                  addr,
-		DialTimeout:           100 * time.Millisecond,
-		ReadTimeout:           100 * time.Millisecond,
-		WriteTimeout:          100 * time.Millisecond,
-		PoolTimeout:           100 * time.Millisecond,
-		MaxRetries:            -1,
-		DialerRetries:         1,
-		ContextTimeoutEnabled: true,
-	})
-}
 
 // send sends requests one after the other until ctx ends.
 func send(ctx context.Context, client *http.Client, spec workerSpec, rec *recorder) {

@@ -140,7 +140,7 @@ func run(ctx context.Context, cfg config, out io.Writer) (err error) {
 		// shows its own evalsha; by default, callers that arrive while a
 		// take is in flight share the next call, which nests under the
 		// first caller's span only.
-		quota.WithBatching(false))
+		quota.WithNoBatching())
 	// Retry what retryablehttp retries, except quota's permanent refusals.
 	client.CheckRetry = quota.CheckRetry(retryablehttp.DefaultRetryPolicy)
 
