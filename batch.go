@@ -391,7 +391,7 @@ func (s *store) takeAll(ctx context.Context, b bucket, takes []*queuedTake) erro
 	for _, q := range takes[1:] {
 		args = append(args, s.argv.tokens(q.n), s.argv.micros(q.acceptable().Microseconds()))
 	}
-	cmd, trips := s.script.run(ctx, b.call, args...)
+	cmd, trips := s.script.Run(ctx, b.call, args...)
 	err := cmd.Err()
 	var v []int64 // nil: every take granted without a wait
 	stride := 2 + len(b.keys)

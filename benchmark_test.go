@@ -10,6 +10,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/sharedquota/quota/internal/redistest"
+	"github.com/sharedquota/quota/internal/redisx"
 )
 
 // The benchmarks run on one real redis-server, so that an acquisition and a
@@ -45,7 +46,7 @@ func BenchmarkAcquire(b *testing.B) {
 		if err := rdb.ScriptLoad(ctx, bucketSource).Err(); err != nil {
 			b.Fatal(err)
 		}
-		sha := newScript(rdb, bucketSource).sha
+		sha := redisx.NewScript(rdb, bucketSource).SHA()
 		keys := []string{"quota:{bench}", "quota:{bench}" + controlSuffix}
 		args := []any{"take", "1", DefaultMaxWait.Microseconds(), "", "1000000", "1000000000", 0}
 		for b.Loop() {

@@ -3,12 +3,9 @@ package quota
 import (
 	"context"
 	"log/slog"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"github.com/redis/go-redis/v9"
 )
 
 // The probe's timing while Redis is unavailable: it backs off from
@@ -222,17 +219,4 @@ func describeMode(m Mode) string {
 		return "requests now pass UNLIMITED"
 	}
 	return "requests now fail"
-}
-
-// describeClient names the Redis servers of rdb for the logs.
-func describeClient(rdb redis.Scripter) string {
-	switch c := rdb.(type) {
-	case *redis.Client:
-		return c.Options().Addr
-	case *redis.ClusterClient:
-		return strings.Join(c.Options().Addrs, ",")
-	case *redis.Ring:
-		return "ring"
-	}
-	return "redis"
 }

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/sharedquota/quota/internal/redisx"
 )
 
 //go:embed script.lua
@@ -93,7 +94,7 @@ func newBucket(prefix, name string, lims []Limit) (bucket, error) {
 		if i > 0 {
 			// Further layers live beside the first, in its hash slot, under
 			// a key that names their Limit.
-			b.keys[i] = key + ":" + num(b.lims[i].Rate) + "/" + num(b.lims[i].Burst)
+			b.keys[i] = key + ":" + redisx.Num(b.lims[i].Rate) + "/" + redisx.Num(b.lims[i].Burst)
 		}
 	}
 	return b, nil
@@ -112,7 +113,7 @@ func (b bucket) checkTokens(n float64) error {
 // store runs the operations of the bucket script (script.lua) on Redis, one
 // typed method each.
 type store struct {
-	script  *script
+	script  *redisx.Script
 	argv    argvCache
 	clock   func() time.Time // nil: the server's clock
 	cluster bool             // the client follows Cluster redirections
@@ -121,8 +122,8 @@ type store struct {
 }
 
 func newStore(rdb redis.Scripter, cfg config) *store {
-	s := &store{script: newScript(rdb, bucketSource), clock: cfg.clock, channel: cfg.prefix + controlChannel}
-	_, s.cluster = rdb.(*redis.ClusterClient)
+	s := &store{script: redisx.NewScript(rdb, bucketSource), clock: cfg.clock, channel: cfg.prefix + controlChannel}
+	s.cluster = redisx.IsCluster(rdb)
 	if !cfg.noBatching {
 		s.batches = &batches{hold: !cfg.dryRun} // a dry run never delays
 	}
@@ -209,7 +210,7 @@ func (s *store) pause(ctx context.Context, b bucket, d time.Duration) error {
 func (s *store) lower(ctx context.Context, b bucket, remaining float64) error {
 	for _, lim := range b.lims {
 		if remaining < lim.Burst {
-			return s.do(ctx, b, "lower", num(remaining), 0, nil)
+			return s.do(ctx, b, "lower", redisx.Num(remaining), 0, nil)
 		}
 	}
 	return nil // no layer holds more than that
@@ -221,7 +222,7 @@ func (s *store) lower(ctx context.Context, b bucket, remaining float64) error {
 func (s *store) adjust(ctx context.Context, b bucket, n float64, id string) error {
 	withIDs := b
 	withIDs.call = append(slices.Clip(b.call), b.keys[0]+settledSuffix)
-	return s.do(ctx, withIDs, "adjust", num(n), id, nil)
+	return s.do(ctx, withIDs, "adjust", redisx.Num(n), id, nil)
 }
 
 // settledSuffix follows a bucket's key in the key of its settles' ids.
@@ -240,7 +241,7 @@ func (s *store) do(ctx context.Context, b bucket, op string, x, y any, tats []in
 // run runs the script on b's keys with ARGV op, x and y (see script.lua),
 // the clock, and each layer's rate, burst and tat.
 func (s *store) run(ctx context.Context, b bucket, op string, x, y any, tats []int64) (*redis.Cmd, int) {
-	return s.script.run(ctx, b.call, s.args(b, op, x, y, tats, 0)...)
+	return s.script.Run(ctx, b.call, s.args(b, op, x, y, tats, 0)...)
 }
 
 // args returns the ARGV of run, with room for spare more.
@@ -276,15 +277,6 @@ func (s *store) now() string {
 	return strconv.FormatInt(s.clock().UnixMicro(), 10)
 }
 
-// num formats x for the script: plain digits where they are short, which
-// every Lua reads, and the exponent form for the extremes.
-func num(x float64) string {
-	if a := math.Abs(x); a == 0 || (a >= 1e-6 && a < 1e21) {
-		return strconv.FormatFloat(x, 'f', -1, 64)
-	}
-	return strconv.FormatFloat(x, 'g', -1, 64)
-}
-
 // argvCache keeps the script arguments that most calls repeat (the Limits
 // in use, one token, the longest wait) formatted and boxed, so that a call
 // does not allocate them again.
@@ -305,7 +297,7 @@ const maxCachedLimits = 1024
 
 func (c *argvCache) init(maxWait time.Duration) {
 	us := maxWait.Microseconds()
-	c.one, c.maxWait, c.wait = num(1), us, us
+	c.one, c.maxWait, c.wait = redisx.Num(1), us, us
 	c.limits.Store(&map[Limit][2]any{})
 }
 
@@ -313,7 +305,7 @@ func (c *argvCache) tokens(n float64) any {
 	if n == 1 {
 		return c.one
 	}
-	return num(n)
+	return redisx.Num(n)
 }
 
 func (c *argvCache) micros(us int64) any {
@@ -328,7 +320,7 @@ func (c *argvCache) limit(lim Limit) (rate, burst any) {
 	if v, ok := (*c.limits.Load())[lim]; ok {
 		return v[0], v[1]
 	}
-	v := [2]any{num(lim.Rate), num(lim.Burst)}
+	v := [2]any{redisx.Num(lim.Rate), redisx.Num(lim.Burst)}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	old := *c.limits.Load()

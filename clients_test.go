@@ -177,7 +177,7 @@ func TestNoScriptOnCluster(t *testing.T) {
 			if err := m.ScriptFlush(ctx).Err(); err != nil {
 				return err
 			}
-			if ok, err := m.ScriptExists(ctx, l.store.script.sha).Result(); err != nil || ok[0] {
+			if ok, err := m.ScriptExists(ctx, l.store.script.SHA()).Result(); err != nil || ok[0] {
 				return fmt.Errorf("%s: SCRIPT EXISTS after SCRIPT FLUSH = %v, %v", m.Options().Addr, ok, err)
 			}
 			return nil

@@ -16,7 +16,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-	"go.opentelemetry.io/otel/trace"
+	"github.com/sharedquota/quota/internal/redisx"
 )
 
 // What changes how a bucket is taken, an operator's override of its Limit
@@ -158,16 +158,16 @@ func (e *controlEntry) load() *controlState { return e.state.Load() }
 
 // controls are a Limiter's control entries.
 type controls struct {
-	script *script // the bucket script's
+	script *redisx.Script // the bucket script's
 	prefix string
 	id     string // this Limiter's, among a bucket's users
-	events *listener
+	events *redisx.Listener
 
 	mu sync.RWMutex
 	m  map[string]*controlEntry
 }
 
-func newControls(s *script, cfg config, events *listener) *controls {
+func newControls(s *redisx.Script, cfg config, events *redisx.Listener) *controls {
 	host, _ := os.Hostname()
 	var b [6]byte
 	_, _ = rand.Read(b[:])
@@ -188,7 +188,7 @@ func newControls(s *script, cfg config, events *listener) *controls {
 // that of a read that failed.
 func (c *controls) entry(ctx context.Context, b bucket, shared bool) (_ *controlEntry, sent bool, _ error) {
 	now := time.Now().UnixNano()
-	listening := c.events.use()
+	listening := c.events.Use()
 	key := b.keys[0]
 	c.mu.RLock()
 	e := c.m[key]
@@ -197,7 +197,7 @@ func (c *controls) entry(ctx context.Context, b bucket, shared bool) (_ *control
 		e = c.add(b)
 		listening = false
 	}
-	touch(&e.used, now)
+	redisx.Touch(&e.used, now)
 	readAt := e.read.Load()
 	switch {
 	case !shared:
@@ -219,14 +219,6 @@ func (c *controls) entry(ctx context.Context, b bucket, shared bool) (_ *control
 	return e, sent, err
 }
 
-// touch records now in t unless t holds a time less than a second older:
-// every acquisition records its use, and most need not write.
-func touch(t *atomic.Int64, now int64) {
-	if now-t.Load() > int64(time.Second) {
-		t.Store(now)
-	}
-}
-
 // add returns the entry of b, made and kept if there is none, making room
 // when maxControls are kept.
 func (c *controls) add(b bucket) *controlEntry {
@@ -242,7 +234,7 @@ func (c *controls) add(b bucket) *controlEntry {
 	if len(c.m) >= maxControls {
 		c.evict()
 	}
-	e := &controlEntry{key: key, passed: b.lims[0], seen: num(b.lims[0].Rate) + " " + num(b.lims[0].Burst)}
+	e := &controlEntry{key: key, passed: b.lims[0], seen: redisx.Num(b.lims[0].Rate) + " " + redisx.Num(b.lims[0].Burst)}
 	e.state.Store(&controlState{replaced: make(chan struct{})})
 	var layers []string
 	for _, k := range b.keys[1:] {
@@ -257,7 +249,7 @@ func (c *controls) add(b bucket) *controlEntry {
 // used since, an arbitrary tenth of them; never one that callers sleep or
 // wait on. It runs with c.mu held.
 func (c *controls) evict() {
-	idle := time.Now().Add(-c.events.idle).UnixNano()
+	idle := time.Now().Add(-c.events.Idle()).UnixNano()
 	for k, e := range c.m {
 		if e.used.Load() < idle && !e.busy() {
 			delete(c.m, k)
@@ -291,7 +283,7 @@ func (c *controls) lookup(key string) *controlEntry {
 // every waitRefresh: an announcement lost costs them that at most, and
 // never a stall.
 func (c *controls) wait(e *controlEntry) (done func()) {
-	release := c.events.hold()
+	release := c.events.Hold()
 	e.mu.Lock()
 	e.waiters++
 	first := e.waiters == 1
@@ -368,7 +360,7 @@ func (c *controls) refresh(e *controlEntry) {
 		return
 	}
 	e.mu.Unlock()
-	ctx, cancel := context.WithTimeout(untraced(), controlReadFor)
+	ctx, cancel := context.WithTimeout(redisx.Untraced(), controlReadFor)
 	defer cancel()
 	_, _ = c.readNow(ctx, e)
 }
@@ -385,7 +377,7 @@ func (c *controls) read(ctx context.Context, e *controlEntry) error {
 		keys = append(keys, e.key+suffix)
 	}
 	keys = append(keys, e.key+controlSuffix)
-	cmd, _ := c.script.run(ctx, keys, "read", e.seen, e.layers, "", c.id)
+	cmd, _ := c.script.Run(ctx, keys, "read", e.seen, e.layers, "", c.id)
 	rec, err := parseControl(cmd)
 	if err != nil {
 		return err
@@ -534,21 +526,6 @@ func (r record) state(sent time.Time) *controlState {
 		}
 	}
 	return st
-}
-
-// untraced returns the context of the Limiter's own calls to Redis that
-// serve no one request: the background reads of control records and the
-// subscription to their announcements. Its parent span is one that is not
-// sampled, so that a tracing hook that samples by the parent (the
-// OpenTelemetry SDK's default) records none of them, rather than a trace
-// of its own for each read, every second, of every bucket in use.
-func untraced() context.Context {
-	var tid trace.TraceID
-	var sid trace.SpanID
-	_, _ = rand.Read(tid[:])
-	_, _ = rand.Read(sid[:])
-	return trace.ContextWithRemoteSpanContext(context.Background(),
-		trace.NewSpanContext(trace.SpanContextConfig{TraceID: tid, SpanID: sid, Remote: true}))
 }
 
 // controlled returns b under its control record: with the override as its

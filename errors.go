@@ -4,9 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
 
-	"github.com/redis/go-redis/v9"
+	"github.com/sharedquota/quota/internal/redisx"
 )
 
 // Errors returned by the Limiter and the Transport. Each one is matched with
@@ -129,40 +128,22 @@ func errorType(err error) string {
 // serve now. cluster tells whether the client follows a Cluster's
 // redirections itself, in which case one that still fails is an outage.
 func classify(ctx context.Context, err error, cluster bool) error {
-	if ctxErr := ctx.Err(); ctxErr != nil {
-		return ctxErr
-	}
-	if d, ok := ctx.Deadline(); ok && !time.Now().Before(d) {
-		// The connection's deadline, taken from ctx, fired a moment before
-		// ctx itself ended: the caller's deadline, not an outage.
+	class := redisx.Classify(ctx, err, cluster)
+	switch {
+	case class == redisx.Ended:
+		return ctx.Err()
+	case class == redisx.Deadline:
 		return context.DeadlineExceeded
-	}
-	if errors.Is(err, ErrScript) {
+	case errors.Is(err, ErrScript):
 		return err
 	}
-	if redis.HasErrorPrefix(err, "NOPERM") {
+	switch class {
+	case redisx.NoPermission:
 		return fmt.Errorf("%w: %w", ErrNoPermission, err)
-	}
-	if !cluster && (redis.HasErrorPrefix(err, "MOVED") || redis.HasErrorPrefix(err, "ASK")) {
+	case redisx.NotCluster:
 		return fmt.Errorf("%w: %w: the server is a node of a Redis Cluster; use a *redis.ClusterClient", ErrScript, err)
-	}
-	var rerr redis.Error
-	if errors.As(err, &rerr) && !isOutageReply(err) {
+	case redisx.Rejected, redisx.BadReply:
 		return fmt.Errorf("%w: %w", ErrScript, err)
 	}
 	return fmt.Errorf("%w: %w", ErrUnavailable, err)
-}
-
-// outageReplies are the error replies that say the server cannot serve now
-// (loading, failing over, a replica, a cluster without quorum, a slot
-// moving) rather than that the call is wrong.
-var outageReplies = []string{"LOADING", "CLUSTERDOWN", "READONLY", "MASTERDOWN", "TRYAGAIN", "BUSY", "NOREPLICAS", "MOVED", "ASK", "FAILOVER", "UNBLOCKED"}
-
-func isOutageReply(err error) bool {
-	for _, p := range outageReplies {
-		if redis.HasErrorPrefix(err, p) {
-			return true
-		}
-	}
-	return false
 }

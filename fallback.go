@@ -300,7 +300,7 @@ func (l *Limiter) resumeIn(ctx context.Context) time.Duration {
 	if l.cfg.policy.mode() != ModeLocal {
 		return 0
 	}
-	cmd, _ := l.resume.run(ctx, []string{l.cfg.prefix + "resume"}, resumeDelay.Microseconds(), l.store.now())
+	cmd, _ := l.resume.Run(ctx, []string{l.cfg.prefix + "resume"}, resumeDelay.Microseconds(), l.store.now())
 	us, err := cmd.Int64()
 	if err != nil {
 		return 0

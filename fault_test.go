@@ -325,7 +325,7 @@ func TestFaultFailClosed(t *testing.T) {
 		t.Fatal(err)
 	}
 	cmds := newCmdCounter()
-	ws[0].tr.Limiter().store.script.rdb.(*redis.Client).AddHook(cmds)
+	ws[0].tr.Limiter().store.script.Client().(*redis.Client).AddHook(cmds)
 	srv.Kill()
 	down := time.Now()
 	var slowest time.Duration
@@ -411,8 +411,8 @@ func TestFaultLostReply(t *testing.T) {
 		// Once it listens, the Limiter reads the record again, in the
 		// background, for what it may have missed: let that read land, so
 		// that the reply dropped is the take's.
-		<-l.events.ready()
-		listening := l.events.since()
+		<-l.events.Ready()
+		listening := l.events.Since()
 		e := l.controls.lookup("quota:{lost}")
 		eventually(t, 5*time.Second, "the read after listening", func() bool {
 			e.mu.Lock()

@@ -5,9 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/sharedquota/quota/internal/redisx"
 	"go.opentelemetry.io/otel"
 )
 
@@ -38,8 +40,8 @@ type Limiter struct {
 	updates    updates
 	slots      *slots
 	localSlots localSlots
-	resume     *script // resume.lua
-	events     *listener
+	resume     *redisx.Script // resume.lua
+	events     *redisx.Listener
 	controls   *controls
 }
 
@@ -62,16 +64,17 @@ func newLimiter(rdb redis.Scripter, cfg config) *Limiter {
 		cfg:    cfg,
 		store:  newStore(rdb, cfg),
 		obs:    newObserver(cfg),
-		resume: newScript(rdb, resumeSource),
-		events: newListener(rdb, cfg.prefix),
+		resume: redisx.NewScript(rdb, resumeSource),
+		events: redisx.NewListener(rdb, cfg.prefix+controlChannel, controlIdle),
 	}
 	l.slots = newSlots(rdb, cfg, l.events)
 	l.controls = newControls(l.store.script, cfg, l.events)
-	l.events.handed = l.slots.handed
-	l.events.control = l.controls.announced
-	l.events.stopped = l.controls.forget
-	l.events.started = l.controls.resync
-	client := describeClient(rdb)
+	l.events.Handle(redisx.Handlers{
+		Message: l.announced,
+		Started: l.controls.resync,
+		Stopped: l.controls.forget,
+	})
+	client := redisx.Describe(rdb)
 	if cfg.name != "" {
 		client = cfg.name + " (" + client + ")"
 	}
@@ -353,6 +356,20 @@ func (l *Limiter) recordFailure(ctx context.Context, err error) {
 	span.end(err)
 }
 
+// announced hands on an announcement on the prefix's control channel: a
+// bucket's key, whose control record changed, or "s <key> <id>...", the
+// concurrency slots handed to those waiters. A Limiter listens on that one
+// channel while it is in use (see redisx.Listener).
+func (l *Limiter) announced(payload string) {
+	if rest, ok := strings.CutPrefix(payload, "s "); ok {
+		if fields := strings.Fields(rest); len(fields) > 1 {
+			l.slots.handed(fields[0], fields[1:])
+		}
+		return
+	}
+	l.controls.announced(payload)
+}
+
 // Mode returns how the Limiter grants tokens now: ModeShared while Redis is
 // healthy, the Policy's mode while it is not. A service can report it on its
 // health endpoint.
@@ -386,9 +403,7 @@ func (l *Limiter) degradedWait(ctx context.Context, b bucket, n float64, mode Mo
 // answered, even with an error that is not an outage (a script error,
 // missing rights), since that ends the outage too.
 func (l *Limiter) ask(ctx context.Context, b bucket) error {
-	if cc, ok := l.store.script.rdb.(*redis.ClusterClient); ok {
-		cc.ReloadState(ctx) // learn of a failover without waiting for the periodic reload
-	}
+	redisx.ReloadCluster(ctx, l.store.script.Client()) // learn of a failover now
 	err := l.store.probe(ctx, b)
 	if err != nil && errors.Is(l.classify(context.Background(), err), ErrUnavailable) {
 		return err

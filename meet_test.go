@@ -41,7 +41,7 @@ func recordOp(t *testing.T, l *Limiter, name, op, x, y, channel string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd, _ := l.controls.script.run(context.Background(), []string{key, key + controlSuffix}, op, x, y, "", channel)
+	cmd, _ := l.controls.script.Run(context.Background(), []string{key, key + controlSuffix}, op, x, y, "", channel)
 	if err := cmd.Err(); err != nil {
 		t.Fatalf("%s: %v", op, err)
 	}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/sharedquota/quota/internal/redisx"
 )
 
 // Forever, given to Pause, pauses a bucket until Resume.
@@ -67,7 +68,7 @@ func (l *Limiter) SetLimit(ctx context.Context, name string, lim Limit) error {
 	if err != nil {
 		return err
 	}
-	_, err = l.operate(ctx, name, "limit", num(lim.Rate), num(lim.Burst))
+	_, err = l.operate(ctx, name, "limit", redisx.Num(lim.Rate), redisx.Num(lim.Burst))
 	return err
 }
 
@@ -143,7 +144,7 @@ func (l *Limiter) Status(ctx context.Context, name string) (Status, error) {
 		}
 	}
 	// The roll call of CountingWorkers, which lives beside the buckets.
-	if z, ok := l.store.script.rdb.(interface {
+	if z, ok := l.store.script.Client().(interface {
 		ZCount(ctx context.Context, key, min, max string) *redis.IntCmd
 	}); ok {
 		n, err := z.ZCount(ctx, l.cfg.prefix+"workers", strconv.FormatInt(r.now/1000, 10), "+inf").Result()
@@ -158,7 +159,7 @@ func (l *Limiter) Status(ctx context.Context, name string) (Status, error) {
 // layersOf returns the suffixes of the further layers' keys of the bucket
 // whose first key is key, as the Limiters that use it last recorded them.
 func (l *Limiter) layersOf(ctx context.Context, key string) ([]string, error) {
-	h, ok := l.store.script.rdb.(interface {
+	h, ok := l.store.script.Client().(interface {
 		HGet(ctx context.Context, key, field string) *redis.StringCmd
 	})
 	if !ok {
@@ -190,7 +191,7 @@ func (l *Limiter) operate(ctx context.Context, name, op string, args ...any) (re
 		}
 	}
 	keys = append(keys, key+controlSuffix)
-	cmd, _ := l.controls.script.run(ctx, keys, op, args[0], args[1], l.store.now(), l.cfg.prefix+controlChannel)
+	cmd, _ := l.controls.script.Run(ctx, keys, op, args[0], args[1], l.store.now(), l.cfg.prefix+controlChannel)
 	if err := cmd.Err(); err != nil {
 		return record{}, l.classify(ctx, err)
 	}

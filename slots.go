@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/sharedquota/quota/internal/redisx"
 )
 
 //go:embed slots.lua
@@ -65,9 +66,9 @@ func (s *Slot) Release() {
 // loop that renews its leases. Hand-offs are announced on the Limiter's
 // control channel (listener.go), which its waiters keep listening.
 type slots struct {
-	script  *script
+	script  *redisx.Script
 	rdb     redis.Scripter
-	events  *listener
+	events  *redisx.Listener
 	channel string // on which hand-offs are announced
 	clock   func() time.Time
 	lease   time.Duration // of each slot and each waiter
@@ -92,14 +93,14 @@ type slotSet struct {
 	renewing bool                 // the renewal loop runs
 }
 
-func newSlots(rdb redis.Scripter, cfg config, events *listener) *slots {
+func newSlots(rdb redis.Scripter, cfg config, events *redisx.Listener) *slots {
 	var id [6]byte
 	_, _ = rand.Read(id[:]) // never fails
 	return &slots{
-		script:  newScript(rdb, slotsSource),
+		script:  redisx.NewScript(rdb, slotsSource),
 		rdb:     rdb,
 		events:  events,
-		channel: events.channel,
+		channel: cfg.prefix + controlChannel,
 		clock:   cfg.clock,
 		lease:   cfg.slotLease,
 		id:      hex.EncodeToString(id[:]),
@@ -118,7 +119,7 @@ func (s *slots) run(ctx context.Context, set *slotSet, n int, op string, ids ...
 	for _, id := range ids {
 		args = append(args, id)
 	}
-	cmd, _ := s.script.run(ctx, set.keys, args...)
+	cmd, _ := s.script.Run(ctx, set.keys, args...)
 	return cmd
 }
 
@@ -167,9 +168,9 @@ func (s *slots) acquire(ctx context.Context, b bucket, n int, try bool) (*slotSe
 		// Listen for the hand-off before asking: it may come first.
 		// Should it be lost, a renewal finds the slot within a quarter
 		// lease.
-		defer s.events.hold()()
+		defer s.events.Hold()()
 		select {
-		case <-s.events.ready():
+		case <-s.events.Ready():
 		case <-ctx.Done():
 			return nil, "", ctx.Err()
 		}
@@ -479,6 +480,5 @@ func (s *slots) cancelAll(set *slotSet, n int, ids []string) {
 }
 
 func (s *slots) cluster() bool {
-	_, ok := s.rdb.(*redis.ClusterClient)
-	return ok
+	return redisx.IsCluster(s.rdb)
 }

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/sharedquota/quota/internal/redisx"
 )
 
 //go:embed workers.lua
@@ -29,7 +30,7 @@ const (
 
 // workers counts the Limiters that share the Redis and the prefix.
 type workers struct {
-	script *script // nil unless the policy counts workers
+	script *redisx.Script // nil unless the policy counts workers
 	key    string
 	id     string
 	clock  func() time.Time // nil: the server's
@@ -46,7 +47,7 @@ func (f *workers) init(rdb redis.Scripter, cfg config) {
 	if !cfg.policy.countWorkers {
 		return
 	}
-	f.script = newScript(rdb, workersSource)
+	f.script = redisx.NewScript(rdb, workersSource)
 	// Bucket keys are the prefix and a brace, so this key is none of them.
 	f.key = cfg.prefix + "workers"
 	f.clock = cfg.clock
@@ -71,7 +72,7 @@ func (f *workers) heartbeat() {
 		if f.clock != nil {
 			now = strconv.FormatInt(f.clock().UnixMilli(), 10)
 		}
-		cmd, _ := f.script.run(ctx, []string{f.key}, f.id, beatTTL.Milliseconds(), now)
+		cmd, _ := f.script.Run(ctx, []string{f.key}, f.id, beatTTL.Milliseconds(), now)
 		if n, err := cmd.Int64(); err == nil {
 			f.saw(int(n))
 		}

@@ -1,4 +1,8 @@
-package quota
+// Package redisx is the library's Redis layer: it runs Lua scripts,
+// classifies what Redis answers, listens on a channel, and formats the
+// numbers scripts read. The packages that own a Redis protocol build on it,
+// and it builds on go-redis alone.
+package redisx
 
 import (
 	"context"
@@ -11,7 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// script runs one Lua script on one Redis client with EVALSHA, falling back
+// A Script runs one Lua script on one Redis client with EVALSHA, falling back
 // to EVAL when a server does not have it (the first use, SCRIPT FLUSH, a
 // restart, a failover to a node that never saw it); EVAL caches it there.
 //
@@ -20,7 +24,7 @@ import (
 // and priming costs no command beyond the call itself. (SCRIPT LOAD would
 // cost one more, and on a Cluster it goes to every node, replicas included,
 // failing when any of them is down.)
-type script struct {
+type Script struct {
 	rdb redis.Scripter
 	src string
 	sha string
@@ -30,14 +34,21 @@ type script struct {
 	priming chan struct{} // closed when the first call ends
 }
 
-func newScript(rdb redis.Scripter, src string) *script {
+// NewScript returns the Script of source src on rdb.
+func NewScript(rdb redis.Scripter, src string) *Script {
 	sum := sha1.Sum([]byte(src))
-	return &script{rdb: rdb, src: src, sha: hex.EncodeToString(sum[:])}
+	return &Script{rdb: rdb, src: src, sha: hex.EncodeToString(sum[:])}
 }
 
-// run runs the script and returns its command and the number of Redis round
-// trips it took.
-func (s *script) run(ctx context.Context, keys []string, args ...any) (*redis.Cmd, int) {
+// Client returns the client the script runs on.
+func (s *Script) Client() redis.Scripter { return s.rdb }
+
+// Source returns the script's source.
+func (s *Script) Source() string { return s.src }
+
+// Run runs the script and returns its command and the number of Redis
+// round trips it took.
+func (s *Script) Run(ctx context.Context, keys []string, args ...any) (*redis.Cmd, int) {
 	if s.prime(ctx) {
 		cmd := s.rdb.Eval(ctx, s.src, keys, args...)
 		s.primeDone(cmd.Err())
@@ -57,7 +68,7 @@ func (s *script) run(ctx context.Context, keys []string, args ...any) (*redis.Cm
 
 // prime reports whether the caller is to send the script with EVAL as the
 // first call. A caller that finds the first call in flight waits for it.
-func (s *script) prime(ctx context.Context) bool {
+func (s *Script) prime(ctx context.Context) bool {
 	if s.primed.Load() {
 		return false
 	}
@@ -81,7 +92,7 @@ func (s *script) prime(ctx context.Context) bool {
 
 // primeDone ends the first call. When the server answered, the script is
 // cached there; when it did not, the next caller primes again.
-func (s *script) primeDone(err error) {
+func (s *Script) primeDone(err error) {
 	var reply redis.Error
 	s.mu.Lock()
 	if err == nil || errors.As(err, &reply) {
@@ -95,3 +106,6 @@ func (s *script) primeDone(err error) {
 func isNoScript(err error) bool {
 	return err != nil && (errors.Is(err, redis.ErrNoScript) || redis.HasErrorPrefix(err, "NOSCRIPT"))
 }
+
+// SHA returns the SHA1 digest of the script's source, as EVALSHA takes it.
+func (s *Script) SHA() string { return s.sha }
