@@ -30,7 +30,7 @@ import (
 // returns a Slot that holds nothing otherwise.
 func (l *Limiter) AcquireSlot(ctx context.Context, name string, n int) (_ *Slot, err error) {
 	ctx, span := l.obs.start(ctx, name, 0)
-	span.mode, span.dryRun = l.breaker.mode(), l.cfg.dryRun
+	span.mode, span.dryRun = l.mode(), l.cfg.dryRun
 	defer func() {
 		span.end(err)
 		if span.dryRun && err != nil && outcome(err) != outcomeCancelled {
@@ -69,10 +69,10 @@ func (l *Limiter) acquireSlot(ctx context.Context, span *waitSpan, b bucket, n i
 	span.slots = n
 	defer func() { span.slotWait = time.Since(start) }()
 	for {
-		mode := l.breaker.mode()
+		mode := l.mode()
 		if mode != ModeShared {
 			span.mode = mode
-			l.breaker.touch(b)
+			l.degraded(b)
 			return l.degradedSlot(ctx, b, n, mode, try)
 		}
 		set, id, err := l.slots.acquire(ctx, b, n, try)
@@ -89,13 +89,13 @@ func (l *Limiter) acquireSlot(ctx context.Context, span *waitSpan, b bucket, n i
 		var abandoned *abandonedError
 		if errors.As(err, &abandoned) {
 			// A renewal failed while the caller waited: the policy serves.
-			l.breaker.trip(b, abandoned.cause)
+			l.trip(b, abandoned.cause)
 			continue
 		}
 		if cerr := l.classify(ctx, err); !errors.Is(cerr, ErrUnavailable) {
 			return nil, cerr
 		}
-		l.breaker.trip(b, err)
+		l.trip(b, err)
 	}
 }
 
@@ -103,13 +103,13 @@ func (l *Limiter) acquireSlot(ctx context.Context, span *waitSpan, b bucket, n i
 func (l *Limiter) degradedSlot(ctx context.Context, b bucket, n int, mode Mode, try bool) (*Slot, error) {
 	switch mode {
 	case ModeOpen:
-		l.breaker.served.Add(1)
+		l.breaker.Served()
 		return &Slot{}, nil
 	case ModeLocal:
 		share := max(n/l.workers.divisor(l.cfg.policy), 1)
 		sem, err := l.localSlots.get(b.keys[0], share)
 		if err != nil {
-			l.breaker.refused.Add(1)
+			l.breaker.Refused()
 			return nil, err
 		}
 		if try {
@@ -125,15 +125,15 @@ func (l *Limiter) degradedSlot(ctx context.Context, b bucket, n int, mode Mode, 
 				return nil, ctx.Err()
 			}
 		}
-		l.breaker.served.Add(1)
+		l.breaker.Served()
 		l.obs.slotHeld(ModeLocal, b.name, 1)
 		return &Slot{release: func() {
 			<-sem
 			l.obs.slotHeld(ModeLocal, b.name, -1)
 		}}, nil
 	}
-	l.breaker.refused.Add(1)
-	return nil, fmt.Errorf("%w: %w", ErrUnavailable, l.breaker.lastCause())
+	l.breaker.Refused()
+	return nil, fmt.Errorf("%w: %w", ErrUnavailable, l.breaker.Cause())
 }
 
 // localSlots are the slots of FallbackLocal: this process's share of each

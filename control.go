@@ -535,7 +535,7 @@ func (r record) state(sent time.Time) *controlState {
 // it is the caller's error. A read of the record counts among the span's
 // round trips.
 func (l *Limiter) controlled(ctx context.Context, span *waitSpan, b bucket) (bucket, error) {
-	e, sent, err := l.controls.entry(ctx, b, l.breaker.mode() == ModeShared)
+	e, sent, err := l.controls.entry(ctx, b, l.mode() == ModeShared)
 	if sent {
 		span.trips++
 	}
@@ -544,7 +544,7 @@ func (l *Limiter) controlled(ctx context.Context, span *waitSpan, b bucket) (buc
 		if !errors.Is(cerr, ErrUnavailable) {
 			return bucket{}, cerr
 		}
-		l.breaker.trip(b, err)
+		l.trip(b, err)
 	}
 	b.ctl, b.passed = e, b.lims[0]
 	return b.under(e), nil

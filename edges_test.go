@@ -30,8 +30,8 @@ func TestQuietOutageEndsWithRedis(t *testing.T) {
 	logs := &logRecorder{}
 	rdb := redis.NewClient(limiterOptions(srv.Addr()))
 	defer rdb.Close()
+	setProbeIdle(t, 300*time.Millisecond)
 	l := NewLimiter(rdb, WithLogger(slog.New(logs))) // FailClosed
-	l.breaker.idle = 300 * time.Millisecond
 	ctx := context.Background()
 	lim := PerSecond(10)
 	if err := l.Wait(ctx, "quiet", lim); err != nil {

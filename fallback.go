@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/sharedquota/quota/internal/breaker"
 	"golang.org/x/time/rate"
 )
 
@@ -208,12 +209,12 @@ func (l *Limiter) localWait(ctx context.Context, b bucket, n float64, noWait boo
 		rl, err := l.locals.get(b.name, b.keys[0], b.keys[i], lim, l.workers.divisor(l.cfg.policy))
 		if err != nil {
 			cancel()
-			l.breaker.refused.Add(1)
+			l.breaker.Refused()
 			return 0, err
 		}
 		if tokens > rl.Burst() {
 			cancel()
-			l.breaker.refused.Add(1)
+			l.breaker.Refused()
 			return 0, fmt.Errorf("%w: %v tokens exceed this worker's local share of the burst, %d", ErrUnavailable, n, rl.Burst())
 		}
 		r := rl.ReserveN(now, tokens)
@@ -240,7 +241,7 @@ func (l *Limiter) localWait(ctx context.Context, b bucket, n float64, noWait boo
 		return 0, errAskAgain
 	}
 	if l.cfg.dryRun {
-		l.breaker.served.Add(1)
+		l.breaker.Served()
 		return delay, nil // the share keeps the reservation, as if slept on
 	}
 	if err := sleep(ctx, delay); err != nil {
@@ -249,7 +250,7 @@ func (l *Limiter) localWait(ctx context.Context, b bucket, n float64, noWait boo
 		}
 		return 0, err
 	}
-	l.breaker.served.Add(1)
+	l.breaker.Served()
 	return delay, nil
 }
 
@@ -267,11 +268,14 @@ func (l *Limiter) localWait(ctx context.Context, b bucket, n float64, noWait boo
 // goes on. Any other is counted and logged, and leaves that bucket as
 // Redis has it.
 func (l *Limiter) settleLocal() error {
+	if !l.handOver {
+		return nil
+	}
 	workers := float64(l.workers.divisor(l.cfg.policy))
 	for _, s := range l.locals.shares() {
 		// One layer at a time, under the bucket's control record.
 		b := bucket{name: s.name, keys: []string{s.key}, lims: []Limit{s.lim}, call: []string{s.key, s.first + controlSuffix}}
-		ctx, cancel := context.WithTimeout(context.Background(), probeTimeout)
+		ctx, cancel := context.WithTimeout(context.Background(), breaker.ProbeTimeout)
 		err := l.store.lower(ctx, b, max(s.tokens, 0)*workers)
 		if err == nil && s.tokens < 0 {
 			err = l.store.adjust(ctx, b, -s.tokens, "")
@@ -290,14 +294,14 @@ func (l *Limiter) settleLocal() error {
 // resumeDelay is how long after the first Limiter finds Redis again the
 // fleet resumes the shared bucket: longer than the probe's longest
 // backoff, so that every Limiter still probing has found Redis by then.
-const resumeDelay = probeMaxBackoff + 250*time.Millisecond
+const resumeDelay = breaker.MaxBackoff + 250*time.Millisecond
 
 // resumeIn returns how long until the fleet resumes the shared bucket
 // after an outage: every Limiter of the fleet reads the instant the first
 // one to find Redis again recorded (resume.lua). It is zero for a policy
 // without local shares, and when Redis cannot say.
 func (l *Limiter) resumeIn(ctx context.Context) time.Duration {
-	if l.cfg.policy.mode() != ModeLocal {
+	if l.cfg.policy.mode() != ModeLocal || !l.handOver {
 		return 0
 	}
 	cmd, _ := l.resume.Run(ctx, []string{l.cfg.prefix + "resume"}, resumeDelay.Microseconds(), l.store.now())

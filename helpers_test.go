@@ -407,3 +407,11 @@ func (c *stoppedClock) advance(d time.Duration) {
 	defer c.mu.Unlock()
 	c.now = c.now.Add(d)
 }
+
+// setProbeIdle makes the Limiters made until the test ends stop their
+// breaker's probe after d without a request.
+func setProbeIdle(t *testing.T, d time.Duration) {
+	old := probeIdle
+	probeIdle = d
+	t.Cleanup(func() { probeIdle = old })
+}

@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/sharedquota/quota/internal/breaker"
 	"github.com/sharedquota/quota/internal/redisx"
 	"go.opentelemetry.io/otel"
 )
@@ -34,7 +36,8 @@ type Limiter struct {
 	cfg        config
 	store      *store
 	obs        observer
-	breaker    breaker
+	breaker    *breaker.Breaker
+	handOver   bool // FallbackLocal's coordinated resume (off only in tests)
 	locals     localLimiters
 	workers    workers
 	updates    updates
@@ -78,18 +81,21 @@ func newLimiter(rdb redis.Scripter, cfg config) *Limiter {
 	if cfg.name != "" {
 		client = cfg.name + " (" + client + ")"
 	}
-	l.breaker = breaker{
-		policy:      cfg.policy,
-		client:      client,
-		logger:      cfg.logger,
-		remindEvery: remindEvery,
-		idle:        probeIdle,
-		dryRun:      cfg.dryRun,
-		ask:         l.ask,
-		resumeIn:    l.resumeIn,
-		closing:     l.settleLocal,
-		closed:      l.locals.reset,
-	}
+	l.handOver = true
+	l.breaker = breaker.New(breaker.Config{
+		Client:      client,
+		Policy:      cfg.policy.String(),
+		Logger:      cfg.logger,
+		RemindEvery: remindEvery,
+		Idle:        probeIdle,
+		Open:        int32(cfg.policy.mode()),
+		Name:        func(m int32) string { return Mode(m).String() },
+		Describe:    func(m int32) string { return describeMode(Mode(m), cfg.dryRun) },
+		Level:       func(m int32) slog.Level { return levelFor(Mode(m)) },
+		ResumeIn:    l.resumeIn,
+		Closing:     l.settleLocal,
+		Closed:      l.locals.reset,
+	})
 	l.workers.init(rdb, cfg)
 	mp := cfg.meterProvider
 	if mp == nil {
@@ -192,7 +198,7 @@ type ask struct {
 // ended, holding a slot only if one was free.
 func (l *Limiter) acquire(ctx context.Context, name string, o ask) (_ *Slot, err error) {
 	ctx, span := l.obs.start(ctx, name, o.n)
-	span.mode, span.dryRun = l.breaker.mode(), l.cfg.dryRun
+	span.mode, span.dryRun = l.mode(), l.cfg.dryRun
 	defer func() {
 		span.end(err)
 		if span.dryRun && err != nil && outcome(err) != outcomeCancelled {
@@ -254,9 +260,9 @@ func (l *Limiter) waitTokens(ctx context.Context, span *waitSpan, b bucket, o as
 		if err := l.awaitPause(ctx, span, b, &o); err != nil {
 			return err
 		}
-		if mode := l.breaker.mode(); mode != ModeShared {
+		if mode := l.mode(); mode != ModeShared {
 			span.mode = mode
-			l.breaker.touch(b)
+			l.degraded(b)
 			wait, err := l.degradedWait(ctx, b, o.n, mode, o.noWait)
 			span.wait = wait
 			if err == errAskAgain {
@@ -274,7 +280,7 @@ func (l *Limiter) waitTokens(ctx context.Context, span *waitSpan, b bucket, o as
 			if cerr := l.classify(ctx, err); !errors.Is(cerr, ErrUnavailable) {
 				return cerr
 			}
-			l.breaker.trip(b, err)
+			l.trip(b, err)
 			continue // the policy serves this request too
 		}
 		l.workers.heartbeat()
@@ -352,7 +358,7 @@ func (l *Limiter) waitTokens(ctx context.Context, span *waitSpan, b bucket, o as
 // err before it had a bucket to take from.
 func (l *Limiter) recordFailure(ctx context.Context, err error) {
 	_, span := l.obs.start(ctx, "", 1)
-	span.mode, span.dryRun = l.breaker.mode(), l.cfg.dryRun
+	span.mode, span.dryRun = l.mode(), l.cfg.dryRun
 	span.end(err)
 }
 
@@ -373,7 +379,56 @@ func (l *Limiter) announced(payload string) {
 // Mode returns how the Limiter grants tokens now: ModeShared while Redis is
 // healthy, the Policy's mode while it is not. A service can report it on its
 // health endpoint.
-func (l *Limiter) Mode() Mode { return l.breaker.mode() }
+func (l *Limiter) Mode() Mode { return l.mode() }
+
+func (l *Limiter) mode() Mode { return Mode(l.breaker.Mode()) }
+
+// The breaker's timing: it repeats that Redis is unavailable at most every
+// remindEvery, and its probe goes on without a request for probeIdle
+// before it stops, so that an abandoned Limiter leaves nothing running
+// (variables for the tests).
+var (
+	remindEvery = time.Minute
+	probeIdle   = time.Minute
+)
+
+// trip tells the breaker that a call on b failed with err, which says that
+// Redis is unavailable.
+func (l *Limiter) trip(b bucket, err error) { l.breaker.Trip(b.name, l.prober(b), err) }
+
+// degraded tells the breaker that the policy serves a request on b.
+func (l *Limiter) degraded(b bucket) { l.breaker.Touch(l.prober(b)) }
+
+// prober returns the breaker's question to Redis about b (see ask).
+func (l *Limiter) prober(b bucket) func(context.Context) error {
+	return func(ctx context.Context) error { return l.ask(ctx, b) }
+}
+
+// levelFor is ERROR where the outage stops or unlimits traffic, WARN where
+// the local fallback keeps it moving within the limit.
+func levelFor(m Mode) slog.Level {
+	if m == ModeLocal {
+		return slog.LevelWarn
+	}
+	return slog.LevelError
+}
+
+// describeMode says what the policy does to requests in mode m.
+func describeMode(m Mode, dryRun bool) string {
+	var s string
+	switch m {
+	case ModeLocal:
+		s = "requests now use this process's local share of each limit"
+	case ModeOpen:
+		s = "requests now pass UNLIMITED"
+	default:
+		s = "requests now fail"
+	}
+	if dryRun {
+		s += " (dry run: measured, not enforced)"
+	}
+	return s
+}
 
 // bucket returns the bucket called name with layers lims, validated and
 // resolved, without asking Redis anything.
@@ -390,13 +445,13 @@ var errAskAgain = errors.New("quota: ask again")
 func (l *Limiter) degradedWait(ctx context.Context, b bucket, n float64, mode Mode, noWait bool) (time.Duration, error) {
 	switch mode {
 	case ModeOpen:
-		l.breaker.served.Add(1)
+		l.breaker.Served()
 		return 0, nil
 	case ModeLocal:
 		return l.localWait(ctx, b, n, noWait)
 	}
-	l.breaker.refused.Add(1)
-	return 0, fmt.Errorf("%w: %w", ErrUnavailable, l.breaker.lastCause())
+	l.breaker.Refused()
+	return 0, fmt.Errorf("%w: %w", ErrUnavailable, l.breaker.Cause())
 }
 
 // ask is the breaker's question to Redis: it returns nil when Redis

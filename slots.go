@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/sharedquota/quota/internal/breaker"
 	"github.com/sharedquota/quota/internal/redisx"
 )
 
@@ -367,7 +368,7 @@ func (s *slots) renewLoop(set *slotSet, next time.Duration) {
 		n := set.n
 		s.mu.Unlock()
 
-		ctx, cancel := context.WithTimeout(context.Background(), probeTimeout)
+		ctx, cancel := context.WithTimeout(context.Background(), breaker.ProbeTimeout)
 		v, err := s.run(ctx, set, n, "renew", ids...).Slice()
 		cancel()
 		next = s.lease / 4
@@ -463,7 +464,7 @@ func (s *slots) abandon(set *slotSet, cause error) {
 func (s *slots) cancelAll(set *slotSet, n int, ids []string) {
 	defer s.done(set)
 	end := time.Now().Add(s.lease) // when their leases end at the latest
-	backoff := probeMinBackoff
+	backoff := breaker.MinBackoff
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), min(time.Until(end), releaseTimeout))
 		err := s.run(ctx, set, n, "cancel", ids...).Err()
@@ -475,7 +476,7 @@ func (s *slots) cancelAll(set *slotSet, n int, ids []string) {
 			return
 		}
 		time.Sleep(backoff)
-		backoff = min(2*backoff, probeMaxBackoff)
+		backoff = min(2*backoff, breaker.MaxBackoff)
 	}
 }
 

@@ -75,7 +75,7 @@ func dueOf(at time.Time, reply any) (time.Time, bool) {
 }
 
 // placed reports whether caller i of the bucket called name has its place:
-// first, closed on its first reply, is, or its take holds the bucket's
+// first, closed on its first grant, is, or its take holds the bucket's
 // call or is queued behind the call in flight.
 func placed(l *Limiter, name string, i int, first chan struct{}) bool {
 	select {
@@ -104,16 +104,18 @@ func TestOverloadKeepsFirstComeFirstServed(t *testing.T) {
 	rdb := srv.Client(t, func(o *redis.Options) { o.PoolSize = callers })
 	var mu sync.Mutex
 	due := make([]time.Time, callers)       // when the server's last grant to each caller fell due
-	first := make([]chan struct{}, callers) // closed on each caller's first reply
+	first := make([]chan struct{}, callers) // closed on each caller's first grant
 	for i := range first {
 		first[i] = make(chan struct{})
 	}
 	rdb.AddHook(replyHook{seen: func(i int, at time.Time, reply any) {
 		mu.Lock()
 		defer mu.Unlock()
-		if d, ok := dueOf(at, reply); ok {
-			due[i] = d
+		d, ok := dueOf(at, reply)
+		if !ok {
+			return // not a take's grant: the read of the control record, say
 		}
+		due[i] = d
 		select {
 		case <-first[i]:
 		default:
@@ -422,7 +424,7 @@ func staggeredRecovery(t *testing.T, together bool) (got, limit int, spread time
 	})
 	if !together {
 		for _, w := range ws {
-			w.tr.limiter.breaker.resumeIn, w.tr.limiter.breaker.closing = nil, nil
+			w.tr.limiter.handOver = false
 		}
 	}
 	stop := make(chan struct{})

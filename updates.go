@@ -93,7 +93,7 @@ func (l *Limiter) startUpdates(ctx context.Context, b bucket, us []update) {
 			end(err)
 			if err != nil {
 				if errors.Is(err, ErrUnavailable) {
-					l.breaker.trip(b, err)
+					l.trip(b, err)
 				}
 				l.updates.failed(u.kind, err)
 			}

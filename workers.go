@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/sharedquota/quota/internal/breaker"
 	"github.com/sharedquota/quota/internal/redisx"
 )
 
@@ -66,7 +67,7 @@ func (f *workers) heartbeat() {
 	f.next.Store(time.Now().Add(beatEvery).UnixNano())
 	go func() {
 		defer f.beating.Store(false)
-		ctx, cancel := context.WithTimeout(context.Background(), probeTimeout)
+		ctx, cancel := context.WithTimeout(context.Background(), breaker.ProbeTimeout)
 		defer cancel()
 		now := ""
 		if f.clock != nil {
