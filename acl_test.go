@@ -67,7 +67,7 @@ func TestLeastPrivilegeUser(t *testing.T) {
 			t.Fatalf("Wait as the limiter's user: %v", err)
 		}
 	}
-	eventually(t, 2*time.Second, "the worker count", func() bool { return l.workers.divisor(FallbackLocal(1).CountingWorkers()) == 1 })
+	eventually(t, 2*time.Second, "the worker count", func() bool { return l.workers.Divisor(1) == 1 })
 	// A pause, announced to the callers already sleeping.
 	lim := Limit{Rate: 5, Burst: 1}
 	if err := l.Wait(ctx, "paused", lim); err != nil {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"time"
 )
 
@@ -106,11 +105,11 @@ func (l *Limiter) degradedSlot(ctx context.Context, b bucket, n int, mode Mode, 
 		l.breaker.Served()
 		return &Slot{}, nil
 	case ModeLocal:
-		share := max(n/l.workers.divisor(l.cfg.policy), 1)
-		sem, err := l.localSlots.get(b.keys[0], share)
+		share := max(n/l.workers.Divisor(l.cfg.policy.workers), 1)
+		sem, err := l.localSlots.Get(b.keys[0], share)
 		if err != nil {
 			l.breaker.Refused()
-			return nil, err
+			return nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
 		}
 		if try {
 			select {
@@ -134,45 +133,4 @@ func (l *Limiter) degradedSlot(ctx context.Context, b bucket, n int, mode Mode, 
 	}
 	l.breaker.Refused()
 	return nil, fmt.Errorf("%w: %w", ErrUnavailable, l.breaker.Cause())
-}
-
-// localSlots are the slots of FallbackLocal: this process's share of each
-// bucket's slots, a semaphore each, whose blocked callers are served in
-// order.
-type localSlots struct {
-	mu sync.Mutex
-	m  map[localSlotsKey]chan struct{}
-}
-
-type localSlotsKey struct {
-	key   string // the bucket's
-	share int
-}
-
-// get returns the semaphore of the bucket with key and share slots. Past
-// maxLocalBuckets buckets, it drops those with no slot held, and refuses a
-// new bucket with ErrUnavailable when every one holds some.
-func (ls *localSlots) get(key string, share int) (chan struct{}, error) {
-	ls.mu.Lock()
-	defer ls.mu.Unlock()
-	k := localSlotsKey{key, share}
-	if sem, ok := ls.m[k]; ok {
-		return sem, nil
-	}
-	if ls.m == nil {
-		ls.m = make(map[localSlotsKey]chan struct{})
-	}
-	if len(ls.m) >= maxLocalBuckets {
-		for k, sem := range ls.m {
-			if len(sem) == 0 {
-				delete(ls.m, k)
-			}
-		}
-		if len(ls.m) >= maxLocalBuckets {
-			return nil, fmt.Errorf("%w: slots of more than %d buckets held locally", ErrUnavailable, maxLocalBuckets)
-		}
-	}
-	sem := make(chan struct{}, share)
-	ls.m[k] = sem
-	return sem, nil
 }

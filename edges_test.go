@@ -199,10 +199,8 @@ func TestFloodOfNamesKeepsTheHeap(t *testing.T) {
 			before := heap()
 			flood(1000, 100_000)
 			after := heap()
-			l.locals.mu.Lock()
-			locals := len(l.locals.m)
-			l.locals.mu.Unlock()
-			t.Logf("%d queues and %d local limiters remembered", l.locals.nQueues.Load(), locals)
+			locals, queues := l.locals.Len()
+			t.Logf("%d queues and %d local limiters remembered", queues, locals)
 			grew := (float64(after) - float64(before)) / (1 << 20)
 			t.Logf("heap %.1f MB after 1,000 names, %.1f MB after 100,000", float64(before)/(1<<20), float64(after)/(1<<20))
 			if grew > 3 {

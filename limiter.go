@@ -11,6 +11,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/sharedquota/quota/internal/breaker"
+	"github.com/sharedquota/quota/internal/local"
 	"github.com/sharedquota/quota/internal/redisx"
 	"go.opentelemetry.io/otel"
 )
@@ -38,12 +39,12 @@ type Limiter struct {
 	obs        observer
 	breaker    *breaker.Breaker
 	handOver   bool // FallbackLocal's coordinated resume (off only in tests)
-	locals     localLimiters
-	workers    workers
+	locals     local.Shares
+	workers    local.Workers
 	updates    updates
 	slots      *slots
-	localSlots localSlots
-	resume     *redisx.Script // resume.lua
+	localSlots local.Slots
+	resume     *local.Resume
 	events     *redisx.Listener
 	controls   *controls
 }
@@ -67,7 +68,7 @@ func newLimiter(rdb redis.Scripter, cfg config) *Limiter {
 		cfg:    cfg,
 		store:  newStore(rdb, cfg),
 		obs:    newObserver(cfg),
-		resume: redisx.NewScript(rdb, resumeSource),
+		resume: local.NewResume(rdb, cfg.prefix),
 		events: redisx.NewListener(rdb, cfg.prefix+controlChannel, controlIdle),
 	}
 	l.slots = newSlots(rdb, cfg, l.events)
@@ -94,9 +95,11 @@ func newLimiter(rdb redis.Scripter, cfg config) *Limiter {
 		Level:       func(m int32) slog.Level { return levelFor(Mode(m)) },
 		ResumeIn:    l.resumeIn,
 		Closing:     l.settleLocal,
-		Closed:      l.locals.reset,
+		Closed:      l.locals.Reset,
 	})
-	l.workers.init(rdb, cfg)
+	if cfg.policy.countWorkers {
+		l.workers.Count(rdb, cfg.prefix, cfg.clock)
+	}
 	mp := cfg.meterProvider
 	if mp == nil {
 		mp = otel.GetMeterProvider()
@@ -283,10 +286,10 @@ func (l *Limiter) waitTokens(ctx context.Context, span *waitSpan, b bucket, o as
 			l.trip(b, err)
 			continue // the policy serves this request too
 		}
-		l.workers.heartbeat()
+		l.workers.Heartbeat()
 		if g.granted {
 			if l.cfg.policy.mode() == ModeLocal {
-				l.locals.granted(b.keys[0], g.wait)
+				l.locals.Granted(b.keys[0], g.wait)
 			}
 			if span.dryRun {
 				span.wait = g.wait

@@ -21,56 +21,6 @@ func attrInt(r slog.Record, key string) int64 {
 	return v
 }
 
-func TestLocalShares(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		var ls localLimiters
-		lim := Limit{Rate: 10, Burst: 4}
-
-		// No queue: a share of 2 workers starts empty, 5/s and burst 2.
-		rl, err := ls.get("a", "ka", "ka", lim, 2)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if tokens := rl.Tokens(); tokens != -0 && tokens != 0 {
-			t.Errorf("a new share holds %v tokens, want 0", tokens)
-		}
-		time.Sleep(400 * time.Millisecond)
-		if tokens := rl.Tokens(); tokens != 2 {
-			t.Errorf("the share holds %v tokens after 400ms at 5/s, want its burst, 2", tokens)
-		}
-
-		// A queue 1s long: the share owes the tokens that accrue until it
-		// has drained, besides its burst.
-		ls.granted("kb", time.Second)
-		rl, _ = ls.get("b", "kb", "kb", lim, 2)
-		if tokens := rl.Tokens(); tokens != -5 {
-			t.Errorf("a share behind a 1s queue holds %v tokens, want -5: empty, and owing what accrues in 1s", tokens)
-		}
-
-		// A queue is forgotten once it has drained, however long after.
-		ls.granted("c", 200*time.Millisecond)
-		if d := ls.ahead("c"); d != 200*time.Millisecond {
-			t.Errorf("ahead %v, want 200ms", d)
-		}
-		time.Sleep(401 * time.Millisecond)
-		if d := ls.ahead("c"); d != 0 {
-			t.Errorf("ahead %v after the queue drained, want 0", d)
-		}
-		if n := ls.sweepQueues(); n != 1 {
-			t.Errorf("%d queues remembered, want 1 (b's)", n)
-		}
-		time.Sleep(2 * time.Second)
-		if n := ls.sweepQueues(); n != 0 {
-			t.Errorf("%d queues remembered after all drained, want 0", n)
-		}
-		// A grant without a wait leaves nothing behind.
-		ls.granted("d", 0)
-		if _, ok := ls.queues.Load("d"); ok {
-			t.Error("a grant without a wait was remembered")
-		}
-	})
-}
-
 // TestUpdateFailuresLoggedOnceAMinute: every failed update is counted, and
 // logged at most once a minute, with the failures since the last record.
 func TestUpdateFailuresLoggedOnceAMinute(t *testing.T) {

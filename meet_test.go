@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/sharedquota/quota/internal/local"
 	"github.com/sharedquota/quota/internal/redistest"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
@@ -623,7 +624,7 @@ func TestEveryScriptHonoursWithClock(t *testing.T) {
 		beat, _ = rdb.ZRangeWithScores(ctx, l.cfg.prefix+"workers", 0, -1).Result()
 		return len(beat) == 1
 	})
-	near("the roll call lapses", time.UnixMilli(int64(beat[0].Score)), clock().Add(beatTTL))
+	near("the roll call lapses", time.UnixMilli(int64(beat[0].Score)), clock().Add(local.BeatTTL))
 	if d := l.resumeIn(ctx); d <= 0 {
 		t.Errorf("resumeIn = %v, want the delay ahead", d)
 	}
@@ -651,10 +652,9 @@ func TestLocalQueuesKeyedByTheBoundedKey(t *testing.T) {
 		}
 	}
 	longest, n := 0, 0
-	l.locals.queues.Range(func(k, _ any) bool {
-		longest, n = max(longest, len(k.(string))), n+1
-		return true
-	})
+	for _, k := range l.locals.QueueKeys() {
+		longest, n = max(longest, len(k)), n+1
+	}
 	t.Logf("20 names of 100 kB with a queue: %d queues remembered, the longest key %d bytes", n, longest)
 	if n == 0 {
 		t.Fatal("no queue remembered: the test shows nothing")

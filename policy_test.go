@@ -301,7 +301,7 @@ func TestCountingWorkers(t *testing.T) {
 		ls = append(ls, NewLimiter(rdb, WithPolicy(policy), WithLogger(slog.New(&logRecorder{}))))
 	}
 	// A Limiter that never saw a count divides by the floor.
-	if d := ls[0].workers.divisor(policy); d != 2 {
+	if d := ls[0].workers.Divisor(policy.workers); d != 2 {
 		t.Errorf("divisor before any count = %d, want the floor 2", d)
 	}
 	for i, l := range ls {
@@ -316,17 +316,17 @@ func TestCountingWorkers(t *testing.T) {
 		})
 	}
 	l := ls[len(ls)-1]
-	eventually(t, 2*time.Second, "a divisor of 5 after 5 workers announced themselves", func() bool { return l.workers.divisor(policy) == 5 })
+	eventually(t, 2*time.Second, "a divisor of 5 after 5 workers announced themselves", func() bool { return l.workers.Divisor(policy.workers) == 5 })
 	if n, _ := mr.ZMembers("quota:workers"); len(n) != 5 {
 		t.Errorf("%d announcements in Redis, want 5", len(n))
 	}
 	// The count never drops below the floor, and a smaller count does not
 	// lower the peak while it is held.
-	l.workers.saw(1)
-	if d := l.workers.divisor(policy); d != 5 {
+	l.workers.Saw(1)
+	if d := l.workers.Divisor(policy.workers); d != 5 {
 		t.Errorf("divisor after a count of 1 = %d, want the held peak 5", d)
 	}
-	if d := l.workers.divisor(FallbackLocal(8).CountingWorkers()); d != 8 {
+	if d := l.workers.Divisor(8); d != 8 {
 		t.Errorf("divisor with a floor of 8 = %d, want 8", d)
 	}
 
