@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/sharedquota/quota/internal/slots"
 )
 
 // AcquireSlot waits for one of the n concurrency slots of the bucket called
@@ -47,7 +49,7 @@ func (l *Limiter) AcquireSlot(ctx context.Context, name string, n int) (_ *Slot,
 		return nil, err
 	}
 	slot, err := l.acquireSlot(ctx, &span, b, n, span.dryRun)
-	if err == errNoSlot {
+	if err == slots.ErrNone {
 		return &Slot{}, nil // under dry run: it would have waited
 	}
 	return slot, err
@@ -74,21 +76,21 @@ func (l *Limiter) acquireSlot(ctx context.Context, span *waitSpan, b bucket, n i
 			l.degraded(b)
 			return l.degradedSlot(ctx, b, n, mode, try)
 		}
-		set, id, err := l.slots.acquire(ctx, b, n, try)
+		set, id, err := l.slots.Acquire(ctx, b.name, b.keys[0], n, try)
 		switch {
 		case err == nil:
 			l.obs.slotHeld(ModeShared, b.name, 1)
 			return &Slot{release: func() {
-				l.slots.release(set, id)
+				l.slots.Release(set, id)
 				l.obs.slotHeld(ModeShared, b.name, -1)
 			}}, nil
-		case err == errNoSlot:
+		case err == slots.ErrNone:
 			return nil, err
 		}
-		var abandoned *abandonedError
+		var abandoned *slots.AbandonedError
 		if errors.As(err, &abandoned) {
 			// A renewal failed while the caller waited: the policy serves.
-			l.trip(b, abandoned.cause)
+			l.trip(b, abandoned.Cause)
 			continue
 		}
 		if cerr := l.classify(ctx, err); !errors.Is(cerr, ErrUnavailable) {
@@ -115,7 +117,7 @@ func (l *Limiter) degradedSlot(ctx context.Context, b bucket, n int, mode Mode, 
 			select {
 			case sem <- struct{}{}:
 			default:
-				return nil, errNoSlot
+				return nil, slots.ErrNone
 			}
 		} else {
 			select {

@@ -20,6 +20,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/sharedquota/quota/internal/redistest"
+	"github.com/sharedquota/quota/internal/slots"
 )
 
 // fastLimit never makes anyone wait for a token: the tests of slots
@@ -69,11 +70,11 @@ func slotsHeld(t *testing.T, rdb redis.UniversalClient, name string) (held, wait
 	key, _ := bucketKey(DefaultPrefix, name)
 	ctx := context.Background()
 	now := fmt.Sprint(time.Now().UnixMicro())
-	held, err := rdb.ZCount(ctx, key+slotsHeldSuffix, now, "+inf").Result()
+	held, err := rdb.ZCount(ctx, key+slots.HeldSuffix, now, "+inf").Result()
 	if err != nil {
 		t.Fatal(err)
 	}
-	waiting, err = rdb.ZCount(ctx, key+slotsWaitingSuffix, now, "+inf").Result()
+	waiting, err = rdb.ZCount(ctx, key+slots.WaitingSuffix, now, "+inf").Result()
 	if err != nil {
 		t.Fatal(err)
 	}

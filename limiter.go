@@ -13,6 +13,7 @@ import (
 	"github.com/sharedquota/quota/internal/breaker"
 	"github.com/sharedquota/quota/internal/local"
 	"github.com/sharedquota/quota/internal/redisx"
+	"github.com/sharedquota/quota/internal/slots"
 	"go.opentelemetry.io/otel"
 )
 
@@ -42,7 +43,7 @@ type Limiter struct {
 	locals     local.Shares
 	workers    local.Workers
 	updates    updates
-	slots      *slots
+	slots      *slots.Slots
 	localSlots local.Slots
 	resume     *local.Resume
 	events     *redisx.Listener
@@ -71,7 +72,7 @@ func newLimiter(rdb redis.Scripter, cfg config) *Limiter {
 		resume: local.NewResume(rdb, cfg.prefix),
 		events: redisx.NewListener(rdb, cfg.prefix+controlChannel, controlIdle),
 	}
-	l.slots = newSlots(rdb, cfg, l.events)
+	l.slots = slots.New(rdb, l.events, cfg.prefix+controlChannel, cfg.clock, cfg.slotLease, cfg.logger)
 	l.controls = newControls(l.store.script, cfg, l.events)
 	l.events.Handle(redisx.Handlers{
 		Message: l.announced,
@@ -233,9 +234,9 @@ func (l *Limiter) acquire(ctx context.Context, name string, o ask) (_ *Slot, err
 	}
 	slot, err := l.acquireSlot(ctx, &span, b, o.slots, o.noWait || span.dryRun)
 	switch {
-	case err == errNoSlot && span.dryRun:
+	case err == slots.ErrNone && span.dryRun:
 		slot = nil // measured: it would have waited for a slot
-	case err == errNoSlot:
+	case err == slots.ErrNone:
 		return nil, fmt.Errorf("%w: every one of %q's %d slots is in use", ErrWouldWait, name, o.slots)
 	case err != nil:
 		return nil, err
@@ -372,7 +373,7 @@ func (l *Limiter) recordFailure(ctx context.Context, err error) {
 func (l *Limiter) announced(payload string) {
 	if rest, ok := strings.CutPrefix(payload, "s "); ok {
 		if fields := strings.Fields(rest); len(fields) > 1 {
-			l.slots.handed(fields[0], fields[1:])
+			l.slots.Handed(fields[0], fields[1:])
 		}
 		return
 	}

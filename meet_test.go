@@ -18,6 +18,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/sharedquota/quota/internal/local"
 	"github.com/sharedquota/quota/internal/redistest"
+	"github.com/sharedquota/quota/internal/slots"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 )
@@ -603,7 +604,7 @@ func TestEveryScriptHonoursWithClock(t *testing.T) {
 	}
 	defer slot.Release()
 	key, _ := bucketKey(l.cfg.prefix, "clocked")
-	held, err := rdb.ZRangeWithScores(ctx, key+slotsHeldSuffix, 0, -1).Result()
+	held, err := rdb.ZRangeWithScores(ctx, key+slots.HeldSuffix, 0, -1).Result()
 	if err != nil || len(held) != 1 {
 		t.Fatalf("slots held: %v, %v", held, err)
 	}

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/sharedquota/quota/internal/slots"
 )
 
 // newMini returns a client of a fresh miniredis and a counter of the
@@ -140,7 +141,7 @@ func TestRedisKey(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if tag := hashTag(k); tag == "" || hashTag(k+controlSuffix) != tag || hashTag(k+slotsQueueSuffix) != tag {
+		if tag := hashTag(k); tag == "" || hashTag(k+controlSuffix) != tag || hashTag(k+slots.QueueSuffix) != tag {
 			t.Errorf("name %q: key %q, hash tag %q", name, k, tag)
 		}
 		if other, ok := seen[k]; ok {
