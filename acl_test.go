@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/sharedquota/quota/internal/control"
 	"github.com/sharedquota/quota/internal/redistest"
 )
 
@@ -122,10 +123,12 @@ func TestLeastPrivilegeUser(t *testing.T) {
 	quotaCmd(t, bin, url, "limit", "ops", "7/s", "3")
 	opsKey, _ := bucketKey(DefaultPrefix, "ops")
 	eventually(t, 500*time.Millisecond, "the override announced", func() bool {
-		ops.controls.mu.RLock()
-		e := ops.controls.m[opsKey]
-		ops.controls.mu.RUnlock()
-		return e.load().hasOverride && e.load().override == Limit{Rate: 7, Burst: 3}
+		e := ops.controls.Lookup(opsKey)
+		if e == nil {
+			return false
+		}
+		o, ok := e.Load().Override()
+		return ok && o == control.Limit{Rate: 7, Burst: 3}
 	})
 	quotaCmd(t, bin, url, "pause", "ops", "forever")
 	if _, out := quotaCmd(t, bin, url, "-json", "status", "ops"); !strings.Contains(out, `"paused_forever":true`) ||

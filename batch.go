@@ -7,6 +7,8 @@ import (
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/sharedquota/quota/internal/control"
 )
 
 // The takes of one bucket in one process share script calls, as a group
@@ -400,9 +402,9 @@ func (s *store) takeAll(ctx context.Context, b bucket, takes []*queuedTake) erro
 			err = fmt.Errorf("%w: unexpected reply %v", ErrScript, cmd.Val())
 		}
 	}
-	var p pauseFound
+	var p control.Pause
 	if err == nil && v != nil {
-		p = pauseFound{since: v[len(v)-2], shifted: v[len(v)-1]}
+		p = control.Pause{Since: v[len(v)-2], Shifted: v[len(v)-1]}
 	}
 	for i, q := range takes {
 		q.trips, q.size, q.err = trips, len(takes), err

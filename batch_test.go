@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/sharedquota/quota/internal/control"
 	"github.com/sharedquota/quota/internal/redistest"
 	"go.opentelemetry.io/otel/attribute"
 )
@@ -737,7 +738,7 @@ func TestBatchSpans(t *testing.T) {
 	lim := Limit{Rate: 1000, Burst: 1}
 	// The bucket's control record is read before: the takes are the
 	// spans' only round trips.
-	if _, _, err := r.l.controls.entry(context.Background(), mustBucket(t, "spans", lim), true); err != nil {
+	if _, _, err := r.l.controls.Entry(context.Background(), mustBucket(t, "spans", lim).keys, control.Limit(lim), true); err != nil {
 		t.Fatal(err)
 	}
 	r.hold.hold()

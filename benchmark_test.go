@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/sharedquota/quota/internal/control"
 	"github.com/sharedquota/quota/internal/redistest"
 	"github.com/sharedquota/quota/internal/redisx"
 )
@@ -47,7 +48,7 @@ func BenchmarkAcquire(b *testing.B) {
 			b.Fatal(err)
 		}
 		sha := redisx.NewScript(rdb, bucketSource).SHA()
-		keys := []string{"quota:{bench}", "quota:{bench}" + controlSuffix}
+		keys := []string{"quota:{bench}", "quota:{bench}" + control.Suffix}
 		args := []any{"take", "1", DefaultMaxWait.Microseconds(), "", "1000000", "1000000000", 0}
 		for b.Loop() {
 			if err := rdb.EvalSha(ctx, sha, keys, args...).Err(); err != nil {

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/sharedquota/quota/internal/control"
 	"github.com/sharedquota/quota/internal/redisx"
 )
 
@@ -32,12 +33,12 @@ type bucket struct {
 	name string
 	keys []string // the layers'
 	lims []Limit
-	call []string      // the script's KEYS: the layers' keys, then the control record's
-	ctl  *controlEntry // what the Limiter read of its control record; nil in none
+	call []string       // the script's KEYS: the layers' keys, then the control record's
+	ctl  *control.Entry // what the Limiter read of its control record; nil in none
 
 	// Under a control record: the state whose override lims holds, and
 	// the first layer's Limit as the caller passed it.
-	st     *controlState
+	st     *control.State
 	passed Limit
 }
 
@@ -85,7 +86,7 @@ func newBucket(prefix, name string, lims []Limit) (bucket, error) {
 		b.call, b.lims = make([]string, len(lims)+1), make([]Limit, len(lims))
 	}
 	b.keys = b.call[:len(lims):len(lims)]
-	b.call[len(lims)] = key + controlSuffix
+	b.call[len(lims)] = key + control.Suffix
 	for i, lim := range lims {
 		if b.lims[i], err = lim.resolve(); err != nil {
 			return bucket{}, err
@@ -122,7 +123,7 @@ type store struct {
 }
 
 func newStore(rdb redis.Scripter, cfg config) *store {
-	s := &store{script: redisx.NewScript(rdb, bucketSource), clock: cfg.clock, channel: cfg.prefix + controlChannel}
+	s := &store{script: redisx.NewScript(rdb, bucketSource), clock: cfg.clock, channel: cfg.prefix + control.Channel}
 	s.cluster = redisx.IsCluster(rdb)
 	if !cfg.noBatching {
 		s.batches = &batches{hold: !cfg.dryRun} // a dry run never delays
@@ -136,13 +137,8 @@ type grant struct {
 	granted bool          // false: the wait exceeds the caller's, nothing was taken
 	wait    time.Duration // until the tokens have accrued, or would have
 	tats    []int64       // µs, a layer each; identify the take for its refund (nil without a wait)
-	pause   pauseFound    // the pause in force when the take ran (zero without a wait)
+	pause   control.Pause // the pause in force when the take ran (zero without a wait)
 }
-
-// pauseFound is the pause a take found in force: when it began and how far
-// it had moved the queues by then, µs; zero when there was none. A later
-// change of the pause moves the take's grant by what it adds to that.
-type pauseFound struct{ since, shifted int64 }
 
 // takenAt returns when, on the server's clock in microseconds, the take
 // that granted g after a wait ran: its grant falls due when the slowest
@@ -185,7 +181,7 @@ func (s *store) takeOne(ctx context.Context, b bucket, n float64, maxWait time.D
 		granted: v[0] == 1,
 		wait:    time.Duration(v[1]) * time.Microsecond,
 		tats:    v[2 : 2+k : 2+k],
-		pause:   pauseFound{since: v[2+k], shifted: v[3+k]},
+		pause:   control.Pause{Since: v[2+k], Shifted: v[3+k]},
 	}, trips, nil
 }
 

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/sharedquota/quota/internal/control"
 	"github.com/sharedquota/quota/internal/redistest"
 )
 
@@ -118,7 +119,7 @@ func TestClusterClient(t *testing.T) {
 		}
 
 		takeAndRefuse(t, l, name)
-		if n, err := direct[master.Addr()].Exists(ctx, rkey, rkey+controlSuffix).Result(); err != nil || n != 2 {
+		if n, err := direct[master.Addr()].Exists(ctx, rkey, rkey+control.Suffix).Result(); err != nil || n != 2 {
 			t.Errorf("%.40q: EXISTS of it and its control record on its master %s = %d, %v; want 2", rkey, master.Addr(), n, err)
 		}
 	}
@@ -281,7 +282,7 @@ func TestRingClient(t *testing.T) {
 		rkey, _ := bucketKey(l.cfg.prefix, name)
 		var on []string
 		for shard, c := range shards {
-			switch n, err := c.Exists(ctx, rkey, rkey+controlSuffix).Result(); {
+			switch n, err := c.Exists(ctx, rkey, rkey+control.Suffix).Result(); {
 			case err != nil:
 				t.Fatal(err)
 			case n == 2:
@@ -336,9 +337,9 @@ func TestRingClient(t *testing.T) {
 		if err := operator.Pause(ctx, name, time.Minute); err != nil {
 			t.Fatal(err)
 		}
-		e := l.controls.lookup(rkey)
+		e := l.controls.Lookup(rkey)
 		heardOn[shard] = eventually(t, 5*time.Second, "the pause on shard "+shard, func() bool {
-			_, _, paused := e.load().pausedAt(time.Now())
+			_, _, paused := e.Load().PausedAt(time.Now())
 			return paused
 		})
 	}

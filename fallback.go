@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/sharedquota/quota/internal/breaker"
+	"github.com/sharedquota/quota/internal/control"
 	"github.com/sharedquota/quota/internal/local"
 	"golang.org/x/time/rate"
 )
@@ -95,7 +96,7 @@ func (l *Limiter) settleLocal() error {
 	workers := float64(l.workers.Divisor(l.cfg.policy.workers))
 	for _, s := range l.locals.Shares() {
 		// One layer at a time, under the bucket's control record.
-		b := bucket{name: s.Name, keys: []string{s.Key}, lims: []Limit{Limit(s.Limit)}, call: []string{s.Key, s.First + controlSuffix}}
+		b := bucket{name: s.Name, keys: []string{s.Key}, lims: []Limit{Limit(s.Limit)}, call: []string{s.Key, s.First + control.Suffix}}
 		ctx, cancel := context.WithTimeout(context.Background(), breaker.ProbeTimeout)
 		err := l.store.lower(ctx, b, max(s.Tokens, 0)*workers)
 		if err == nil && s.Tokens < 0 {

@@ -413,11 +413,9 @@ func TestFaultLostReply(t *testing.T) {
 		// that the reply dropped is the take's.
 		<-l.events.Ready()
 		listening := l.events.Since()
-		e := l.controls.lookup("quota:{lost}")
+		e := l.controls.Lookup("quota:{lost}")
 		eventually(t, 5*time.Second, "the read after listening", func() bool {
-			e.mu.Lock()
-			defer e.mu.Unlock()
-			return e.reading == nil && e.load().readAt.After(listening)
+			return !e.Reading() && e.Load().ReadAt().After(listening)
 		})
 		before, _ := admin.Get(ctx, "quota:{lost}").Float64()
 		proxy.DropNextReplies(1)

@@ -9,6 +9,7 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
+	"github.com/sharedquota/quota/internal/control"
 	"github.com/sharedquota/quota/internal/redistest"
 )
 
@@ -47,8 +48,8 @@ func FuzzKeys(f *testing.F) {
 			if len(key) > maxKey {
 				t.Fatalf("key of %d bytes, bound %d", len(key), maxKey)
 			}
-			if tag := hashTag(key); tag == "" || hashTag(key+controlSuffix) != tag {
-				t.Fatalf("key %q: hash tag %q, its record's %q", key, tag, hashTag(key+controlSuffix))
+			if tag := hashTag(key); tag == "" || hashTag(key+control.Suffix) != tag {
+				t.Fatalf("key %q: hash tag %q, its record's %q", key, tag, hashTag(key+control.Suffix))
 			}
 		}
 	})

@@ -13,6 +13,7 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
+	"github.com/sharedquota/quota/internal/control"
 )
 
 // Helpers shared by the package's tests.
@@ -81,7 +82,7 @@ func (c *cmdCounter) count(cmd redis.Cmder) {
 // or an operator's change to it.
 func isRecordOp(args []any) bool {
 	numkeys, err := strconv.Atoi(fmt.Sprint(args[2]))
-	if err != nil || len(args) <= 3+numkeys || !strings.HasSuffix(fmt.Sprint(args[2+numkeys]), controlSuffix) {
+	if err != nil || len(args) <= 3+numkeys || !strings.HasSuffix(fmt.Sprint(args[2+numkeys]), control.Suffix) {
 		return false
 	}
 	switch fmt.Sprint(args[3+numkeys]) {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/sharedquota/quota/internal/breaker"
+	"github.com/sharedquota/quota/internal/control"
 	"github.com/sharedquota/quota/internal/local"
 	"github.com/sharedquota/quota/internal/redisx"
 	"github.com/sharedquota/quota/internal/slots"
@@ -47,7 +48,7 @@ type Limiter struct {
 	localSlots local.Slots
 	resume     *local.Resume
 	events     *redisx.Listener
-	controls   *controls
+	controls   *control.Controls
 }
 
 // NewLimiter returns a Limiter that keeps its buckets in rdb, which may be a
@@ -70,14 +71,14 @@ func newLimiter(rdb redis.Scripter, cfg config) *Limiter {
 		store:  newStore(rdb, cfg),
 		obs:    newObserver(cfg),
 		resume: local.NewResume(rdb, cfg.prefix),
-		events: redisx.NewListener(rdb, cfg.prefix+controlChannel, controlIdle),
+		events: redisx.NewListener(rdb, cfg.prefix+control.Channel, controlIdle),
 	}
-	l.slots = slots.New(rdb, l.events, cfg.prefix+controlChannel, cfg.clock, cfg.slotLease, cfg.logger)
-	l.controls = newControls(l.store.script, cfg, l.events)
+	l.slots = slots.New(rdb, l.events, cfg.prefix+control.Channel, cfg.clock, cfg.slotLease, cfg.logger)
+	l.controls = control.New(l.store.script, cfg.prefix+control.Channel, cfg.clock, l.events)
 	l.events.Handle(redisx.Handlers{
 		Message: l.announced,
-		Started: l.controls.resync,
-		Stopped: l.controls.forget,
+		Started: l.controls.Resync,
+		Stopped: l.controls.Forget,
 	})
 	client := redisx.Describe(rdb)
 	if cfg.name != "" {
@@ -325,14 +326,14 @@ func (l *Limiter) waitTokens(ctx context.Context, span *waitSpan, b bucket, o as
 				return nil
 			}
 			if b.ctl != nil {
-				sent, err := l.controls.readNow(ctx, b.ctl)
+				sent, err := l.controls.ReadNow(ctx, b.ctl)
 				if sent {
 					span.trips++
 				}
 				if err != nil {
 					return l.classify(ctx, err)
 				}
-				if _, _, paused := b.ctl.load().pausedAt(time.Now()); paused {
+				if _, _, paused := b.ctl.Load().PausedAt(time.Now()); paused {
 					continue
 				}
 			}
@@ -377,7 +378,7 @@ func (l *Limiter) announced(payload string) {
 		}
 		return
 	}
-	l.controls.announced(payload)
+	l.controls.Announced(payload)
 }
 
 // Mode returns how the Limiter grants tokens now: ModeShared while Redis is

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/sharedquota/quota/internal/control"
 	"github.com/sharedquota/quota/internal/local"
 	"github.com/sharedquota/quota/internal/redistest"
 	"github.com/sharedquota/quota/internal/slots"
@@ -43,7 +44,7 @@ func recordOp(t *testing.T, l *Limiter, name, op, x, y, channel string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd, _ := l.controls.script.Run(context.Background(), []string{key, key + controlSuffix}, op, x, y, "", channel)
+	cmd, _ := l.store.script.Run(context.Background(), []string{key, key + control.Suffix}, op, x, y, "", channel)
 	if err := cmd.Err(); err != nil {
 		t.Fatalf("%s: %v", op, err)
 	}
@@ -85,7 +86,7 @@ func TestParkedCallersHearTheResume(t *testing.T) {
 			if n := returned.Load(); n != 0 {
 				t.Fatalf("%d of %d workers returned during the pause", n, workers)
 			}
-			channel := l.cfg.prefix + controlChannel
+			channel := l.cfg.prefix + control.Channel
 			if lost {
 				channel = ""
 			}
@@ -240,7 +241,7 @@ func TestNothingSpins(t *testing.T) {
 			t.Logf("%d callers for %v: %v (%.1f script calls a second each)", callers+1, run, cmds, perCaller)
 			// A caller without a deadline asks every MaxWait (5 a second),
 			// and the Limiter reads the record of a bucket callers wait on
-			// every waitRefresh (2 a second, for all of them).
+			// every control.WaitRefresh (2 a second, for all of them).
 			if perCaller > 8 {
 				t.Errorf("%.1f script calls a second per caller, want at most 8", perCaller)
 			}
@@ -498,7 +499,7 @@ func TestSettleIsBounded(t *testing.T) {
 // TestMissedAnnouncementBound: a Limiter that misses the announcement of
 // a pause grants nothing new (every take finds the pause in the script),
 // and its callers already sleeping on grants learn of it within
-// waitRefresh: at most rate x waitRefresh of their grants go.
+// control.WaitRefresh: at most rate x control.WaitRefresh of their grants go.
 func TestMissedAnnouncementBound(t *testing.T) {
 	srv := redistest.Start(t)
 	ls := fleetOf(t, srv, 2)
@@ -513,9 +514,9 @@ func TestMissedAnnouncementBound(t *testing.T) {
 	paused := time.Now()
 	woke := done()
 	late := between(woke, paused.Add(20*time.Millisecond), paused.Add(1500*time.Millisecond))
-	allowed := int(lim.Rate*waitRefresh.Seconds()) + 2
-	settled := between(woke, paused.Add(waitRefresh+100*time.Millisecond), paused.Add(1500*time.Millisecond))
-	t.Logf("a pause of 1.5s announced to no one: %d grants after it (bound %d), %d after %v", late, allowed, settled, waitRefresh+100*time.Millisecond)
+	allowed := int(lim.Rate*control.WaitRefresh.Seconds()) + 2
+	settled := between(woke, paused.Add(control.WaitRefresh+100*time.Millisecond), paused.Add(1500*time.Millisecond))
+	t.Logf("a pause of 1.5s announced to no one: %d grants after it (bound %d), %d after %v", late, allowed, settled, control.WaitRefresh+100*time.Millisecond)
 	if late > allowed {
 		t.Errorf("%d grants inside a pause the Limiters missed, bound %d", late, allowed)
 	}
@@ -563,7 +564,7 @@ func TestOneSubscriptionPerLimiter(t *testing.T) {
 	}
 	time.Sleep(500 * time.Millisecond)
 	admin := srv.Client(t)
-	subs, err := admin.PubSubNumSub(ctx, l.cfg.prefix+controlChannel).Result()
+	subs, err := admin.PubSubNumSub(ctx, l.cfg.prefix+control.Channel).Result()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -573,8 +574,8 @@ func TestOneSubscriptionPerLimiter(t *testing.T) {
 	}
 	wg.Wait()
 	t.Logf("20 buckets, sleepers, slot waiters, a pause and 3 Transports on one Limiter: %d subscribers of %s; channels %v",
-		subs[l.cfg.prefix+controlChannel], l.cfg.prefix+controlChannel, channels)
-	if n := subs[l.cfg.prefix+controlChannel]; n != 1 {
+		subs[l.cfg.prefix+control.Channel], l.cfg.prefix+control.Channel, channels)
+	if n := subs[l.cfg.prefix+control.Channel]; n != 1 {
 		t.Errorf("%d subscriptions, want 1", n)
 	}
 	if len(channels) != 1 {
@@ -672,7 +673,7 @@ func TestListenerResubscribes(t *testing.T) {
 	l := NewLimiter(srv.Client(t))
 	admin := srv.Client(t)
 	ctx := context.Background()
-	channel := l.cfg.prefix + controlChannel
+	channel := l.cfg.prefix + control.Channel
 	// subscriber returns the id of the one client subscribed, or "".
 	subscriber := func() string {
 		n, _ := admin.PubSubNumSub(ctx, channel).Result()
@@ -702,9 +703,9 @@ func TestListenerResubscribes(t *testing.T) {
 	if err := NewLimiter(srv.Client(t)).Pause(ctx, "resubscribed", time.Minute); err != nil {
 		t.Fatal(err)
 	}
-	e := l.controls.lookup(mustKey(t, l, "resubscribed"))
+	e := l.controls.Lookup(mustKey(t, l, "resubscribed"))
 	heard := eventually(t, 5*time.Second, "the pause", func() bool {
-		_, _, paused := e.load().pausedAt(time.Now())
+		_, _, paused := e.Load().PausedAt(time.Now())
 		return paused
 	})
 	t.Logf("subscribed again %v after CLIENT KILL TYPE pubsub; a pause known %v after it was set", took.Round(time.Millisecond), heard.Round(time.Millisecond))

@@ -5,10 +5,10 @@ import (
 	"fmt"
 	"math"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/sharedquota/quota/internal/control"
 	"github.com/sharedquota/quota/internal/redisx"
 )
 
@@ -115,30 +115,31 @@ func (l *Limiter) Status(ctx context.Context, name string) (Status, error) {
 	if err != nil {
 		return Status{}, err
 	}
-	st := Status{Name: name, Override: r.override, Workers: r.users}
+	st := Status{Name: name, Workers: r.Users}
 	switch {
-	case r.override != nil:
-		st.Limit = *r.override
-	case r.seen != nil:
-		st.Limit = *r.seen
+	case r.Override != nil:
+		o := Limit(*r.Override)
+		st.Limit, st.Override = o, &o
+	case r.Seen != nil:
+		st.Limit = Limit(*r.Seen)
 	}
 	if lim := st.Limit; lim.Rate > 0 {
 		st.Tokens = lim.Burst
-		if r.tat > r.now {
-			owed := float64(r.tat-r.now) / 1e6
+		if r.Tat > r.Now {
+			owed := float64(r.Tat-r.Now) / 1e6
 			st.Tokens = lim.Burst - owed*lim.Rate
 			st.Queue = max(0, time.Duration((owed-lim.Burst/lim.Rate)*1e9)).Round(time.Microsecond)
 		}
 	}
-	if r.since != 0 {
-		st.PausedSince = time.UnixMicro(r.since)
-		if r.until < 0 {
+	if r.Since != 0 {
+		st.PausedSince = time.UnixMicro(r.Since)
+		if r.Until < 0 {
 			st.Paused = true
 		} else {
-			st.PausedUntil = time.UnixMicro(r.until)
-			st.Paused = r.until > r.now
+			st.PausedUntil = time.UnixMicro(r.Until)
+			st.Paused = r.Until > r.Now
 		}
-		st.PausedBy = r.source
+		st.PausedBy = r.Source
 		if !st.Paused {
 			st.PausedSince, st.PausedUntil, st.PausedBy = time.Time{}, time.Time{}, ""
 		}
@@ -147,7 +148,7 @@ func (l *Limiter) Status(ctx context.Context, name string) (Status, error) {
 	if z, ok := l.store.script.Client().(interface {
 		ZCount(ctx context.Context, key, min, max string) *redis.IntCmd
 	}); ok {
-		n, err := z.ZCount(ctx, l.cfg.prefix+"workers", strconv.FormatInt(r.now/1000, 10), "+inf").Result()
+		n, err := z.ZCount(ctx, l.cfg.prefix+"workers", strconv.FormatInt(r.Now/1000, 10), "+inf").Result()
 		if err != nil {
 			return Status{}, l.classify(ctx, err)
 		}
@@ -156,53 +157,15 @@ func (l *Limiter) Status(ctx context.Context, name string) (Status, error) {
 	return st, nil
 }
 
-// layersOf returns the suffixes of the further layers' keys of the bucket
-// whose first key is key, as the Limiters that use it last recorded them.
-func (l *Limiter) layersOf(ctx context.Context, key string) ([]string, error) {
-	h, ok := l.store.script.Client().(interface {
-		HGet(ctx context.Context, key, field string) *redis.StringCmd
-	})
-	if !ok {
-		return nil, nil
-	}
-	layers, err := h.HGet(ctx, key+controlSuffix, "layers").Result()
-	if err == redis.Nil {
-		err = nil
-	}
-	return strings.Fields(layers), err
-}
-
-// operate runs a control operation on the bucket called name and, when
-// it changes the record, reads it again for this Limiter at once.
-func (l *Limiter) operate(ctx context.Context, name, op string, args ...any) (record, error) {
+// operate runs a record op of the bucket called name.
+func (l *Limiter) operate(ctx context.Context, name, op string, x, y any) (control.Record, error) {
 	key, err := bucketKey(l.cfg.prefix, name)
 	if err != nil {
-		return record{}, err
+		return control.Record{}, err
 	}
-	keys := []string{key}
-	if op == "hold" || op == "resume" {
-		// A pause moves the queues of every layer the Limiters use.
-		layers, err := l.layersOf(ctx, key)
-		if err != nil {
-			return record{}, l.classify(ctx, err)
-		}
-		for _, suffix := range layers {
-			keys = append(keys, key+suffix)
-		}
-	}
-	keys = append(keys, key+controlSuffix)
-	cmd, _ := l.controls.script.Run(ctx, keys, op, args[0], args[1], l.store.now(), l.cfg.prefix+controlChannel)
-	if err := cmd.Err(); err != nil {
-		return record{}, l.classify(ctx, err)
-	}
-	r, err := parseControl(cmd)
+	r, err := l.controls.Op(ctx, key, op, x, y)
 	if err != nil {
-		return record{}, err
-	}
-	if op != "status" {
-		if e := l.controls.lookup(key); e != nil {
-			_, _ = l.controls.readNow(ctx, e)
-		}
+		return control.Record{}, l.classify(ctx, err)
 	}
 	return r, nil
 }

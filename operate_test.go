@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/sharedquota/quota/internal/control"
 	"github.com/sharedquota/quota/internal/redistest"
 )
 
@@ -449,45 +450,6 @@ func TestControlReadsAreBounded(t *testing.T) {
 	}
 }
 
-// The control record's reply is parsed strictly: a field that does not
-// read as a number fails the read rather than passing as no control.
-func TestControlRecordParsing(t *testing.T) {
-	cmd := redis.NewCmd(context.Background())
-	cmd.SetVal([]any{"1000000", "x", "1", "", "", "", "", "", "", "", "", "", ""})
-	if _, err := parseControl(cmd); err == nil {
-		t.Error("an override rate of x parsed")
-	}
-	cmd.SetVal([]any{"1000000", "2", "4", "500000", "forever", "10 5", "3", "1700000.5", "900000", "operator", "800000", "5", "500000 0"})
-	r, err := parseControl(cmd)
-	if err != nil || r.until != -1 || r.override == nil || *r.override != (Limit{Rate: 2, Burst: 4}) || r.seen == nil || r.users != 3 || r.tat != 1700000 ||
-		r.changed != 900000 || r.source != PausedByOperator || r.pivot != 800000 || r.prev != 5 || r.during != (pauseFound{500000, 0}) {
-		t.Errorf("parsed %+v, %v", r, err)
-	}
-	cmd.SetVal([]any{"1000000", "", "", "500000", "forever", "", "", "", "", "", "", "", ""})
-	if _, err := parseControl(cmd); err != nil {
-		t.Errorf("a record of a pause alone: %v", err)
-	}
-	cmd.SetVal([]any{"1000000", "", "", "", "", "", "", "", "", "", "", ""})
-	if _, err := parseControl(cmd); err == nil {
-		t.Error("a reply of 12 fields parsed")
-	}
-	// A record's times, whoever wrote them, stay within a century of the
-	// server's clock, without overflowing a Duration.
-	cmd.SetVal([]any{"1000000", "", "", "1", "9223372036854775807", "", "", "", "-9223372036854775808", "", "-9223372036854775808", "1", ""})
-	r, err = parseControl(cmd)
-	if err != nil {
-		t.Fatal(err)
-	}
-	sent := time.Now()
-	st := r.state(sent)
-	if end, _, paused := st.pausedAt(sent); !paused || end.Before(sent.Add(99*365*24*time.Hour)) {
-		t.Errorf("a pause until the end of int64 µs: paused %v until %v, want a century on", paused, end)
-	}
-	if st.pivot.After(sent) || st.pivot.Before(sent.Add(-101*365*24*time.Hour)) {
-		t.Errorf("a pivot at the start of int64 µs read as %v", st.pivot)
-	}
-}
-
 // A control record that holds nothing an operator set lives while its
 // bucket is in use or queued, and no longer; one with an override or a
 // pause with no end stays.
@@ -500,7 +462,7 @@ func TestControlRecordExpires(t *testing.T) {
 	key := "quota:{" + name + "}"
 	ttl := func() time.Duration {
 		t.Helper()
-		d, err := rdb.PTTL(ctx, key+controlSuffix).Result()
+		d, err := rdb.PTTL(ctx, key+control.Suffix).Result()
 		if err != nil {
 			t.Fatal(err)
 		}

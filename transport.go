@@ -110,7 +110,7 @@ func (t *Transport) learn(ctx context.Context, name string, lims []Limit, cost f
 	if err != nil {
 		return // cannot be: the take resolved the same bucket
 	}
-	if e := t.limiter.controls.lookup(b.keys[0]); e != nil {
+	if e := t.limiter.controls.Lookup(b.keys[0]); e != nil {
 		b.passed = b.lims[0]
 		b = b.under(e)
 	}

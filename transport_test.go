@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/sharedquota/quota/internal/control"
 	"github.com/sharedquota/quota/internal/slots"
 )
 
@@ -141,7 +142,7 @@ func TestRedisKey(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if tag := hashTag(k); tag == "" || hashTag(k+controlSuffix) != tag || hashTag(k+slots.QueueSuffix) != tag {
+		if tag := hashTag(k); tag == "" || hashTag(k+control.Suffix) != tag || hashTag(k+slots.QueueSuffix) != tag {
 			t.Errorf("name %q: key %q, hash tag %q", name, k, tag)
 		}
 		if other, ok := seen[k]; ok {
@@ -549,7 +550,7 @@ func TestAllow(t *testing.T) {
 
 // oneLayer is the bucket of a single Limit under the Redis key rkey.
 func oneLayer(rkey string, lim Limit) bucket {
-	return bucket{name: rkey, keys: []string{rkey}, lims: []Limit{lim}, call: []string{rkey, rkey + controlSuffix}}
+	return bucket{name: rkey, keys: []string{rkey}, lims: []Limit{lim}, call: []string{rkey, rkey + control.Suffix}}
 }
 
 // TestWithLimiterRefusesLimiterOptions: an option of the Limiter's own

@@ -1,0 +1,623 @@
+// Package control keeps what a Limiter knows of its buckets' control
+// records (the record ops of the bucket script): each bucket's override
+// of its Limit and its pause, read when the bucket is first used, again in
+// the background, on every announcement, and every WaitRefresh while
+// callers sleep or wait on it; and the typed reply of every record op.
+package control
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sharedquota/quota/internal/redisx"
+)
+
+// A Limit is a bucket's rate, tokens a second, and burst.
+type Limit struct {
+	Rate  float64
+	Burst float64
+}
+
+// A Pause is the pause a take found in force: when it began and how far
+// it had moved the queues by then, µs; zero when there was none. A later
+// change of the pause moves the take's grant by what it adds to that.
+type Pause struct{ Since, Shifted int64 }
+
+// What changes how a bucket is taken, an operator's override of its Limit
+// and its pause (a provider's Retry-After or an operator's), lives in Redis
+// in the bucket's control record, beside its layers (script.lua). Every
+// take reads it in the script, so the script never grants past a pause or
+// at a Limit no longer in force, whatever the Limiter knows.
+//
+// Each Limiter also keeps what it read of the records of the buckets it
+// uses, for what happens outside the script: its callers sleeping on
+// grants taken before a pause or a change, its callers waiting for a pause
+// with no end to be resumed, its local shares. It reads a bucket's record
+// when it first uses the bucket, and again, in the background, once it is
+// Refresh old. Every change is announced on the prefix's control
+// channel, on which the Limiter listens (listener.go), and the Limiter reads
+// again the record of a bucket announced. While callers sleep or wait on a
+// bucket, the Limiter reads its record every WaitRefresh as well, so that a
+// lost announcement costs them at most that.
+const (
+	Refresh     = time.Second
+	WaitRefresh = 500 * time.Millisecond
+	maxControls = 2048        // records kept
+	readFor     = time.Second // bounds a read in the background
+
+	Suffix  = ":ctl"    // after the bucket's key, the record's
+	Channel = "control" // after the prefix, the channel of announcements
+)
+
+// State is what a Limiter read of a bucket's control record. It
+// never changes: a read replaces it, and closes replaced.
+type State struct {
+	override    Limit
+	hasOverride bool
+
+	// The bucket's pause, on the local clock; since is zero when the
+	// record holds none, until is zero for a pause with no end.
+	since, until time.Time
+	sinceUS      int64  // since on the server's clock, µs, to compare with takes
+	source       string // who set its end: "provider" or "operator"
+
+	// The latest change of the Limit in force: when, on the server's
+	// clock; the instant the queue was rescaled from, on the local clock;
+	// the rate before; and the pause then in force, whose later changes
+	// move the pivot with the queue. changedUS is zero when it never
+	// changed.
+	changedUS int64
+	pivot     time.Time
+	prev      float64
+	during    Pause
+
+	readAt   time.Time // when the read that made it was sent; zero: never read
+	replaced chan struct{}
+}
+
+// PausedAt tells whether the pause is in force at t, and when it ends.
+func (st *State) PausedAt(t time.Time) (end time.Time, forever, paused bool) {
+	if st.since.IsZero() {
+		return time.Time{}, false, false
+	}
+	if st.until.IsZero() {
+		return time.Time{}, true, true
+	}
+	return st.until, false, t.Before(st.until)
+}
+
+// Hold returns when a grant due at due, whose take found the pause found,
+// falls due once the pause in force has moved it, as the script moved the
+// queue: a grant due t after the pause began falls due t after it ends,
+// and one taken during the pause moves by what the pause changed since.
+// It returns false while the pause has no end.
+func (st *State) Hold(due time.Time, takenAt int64, found Pause) (time.Time, bool) {
+	if st.since.IsZero() {
+		return due, true
+	}
+	var moved time.Duration // by the pause, when the take ran
+	switch {
+	case found.Since == st.sinceUS:
+		moved = time.Duration(found.Shifted) * time.Microsecond
+	case takenAt >= st.sinceUS || !due.After(st.since):
+		return due, true // taken after the pause, or due before it began
+	}
+	if st.until.IsZero() {
+		return time.Time{}, false
+	}
+	return due.Add(st.until.Sub(st.since) - moved), true
+}
+
+// Rescale returns when a grant taken at takenAt (server µs) and due at due,
+// as the pause in force has moved it (see hold), falls due once the latest
+// change of the Limit in force, to rate to, has moved it, as the script
+// moved the queue: a grant due t after the pivot falls due t x prev / to
+// after it. A pause in force at the change that has changed since moved
+// the pivot with the queue.
+func (st *State) Rescale(due time.Time, takenAt int64, to float64) time.Time {
+	if st.changedUS == 0 || takenAt >= st.changedUS || !(st.prev > 0) || st.prev == to {
+		return due
+	}
+	pivot := st.pivot
+	if st.during.Since != 0 && st.during.Since == st.sinceUS && !st.until.IsZero() {
+		pivot = pivot.Add(st.until.Sub(st.since) - time.Duration(st.during.Shifted)*time.Microsecond)
+	}
+	if !due.After(pivot) {
+		return due
+	}
+	return pivot.Add(time.Duration(float64(due.Sub(pivot)) * st.prev / to))
+}
+
+// Entry is a Limiter's knowledge of one bucket's control record.
+type Entry struct {
+	key   string // the bucket's first key
+	state atomic.Pointer[State]
+	read  atomic.Int64 // when it was last read or tried, unix ns
+	used  atomic.Int64 // when it was last used, unix ns
+
+	passed Limit  // the first layer's Limit as the Limiter's callers pass it
+	seen   string // passed, "<rate> <burst>"
+	layers string // the further layers' suffixes
+
+	mu      sync.Mutex
+	reading chan struct{} // closed when the read in flight ends; nil when none
+	readErr error         // how the read last ended, for the callers that waited for it
+	stale   bool          // read again once the read in flight ends
+	waiters int           // callers sleeping or waiting on the bucket
+}
+
+// Override returns the Limit an operator set in place of the first
+// layer's, if any.
+func (st *State) Override() (Limit, bool) { return st.override, st.hasOverride }
+
+// ReadAt returns when the read that made st was sent; zero if never read.
+func (st *State) ReadAt() time.Time { return st.readAt }
+
+// Replaced returns a channel closed once a newer read replaces st.
+func (st *State) Replaced() <-chan struct{} { return st.replaced }
+
+// Rate returns the first layer's rate in force under st.
+func (e *Entry) Rate(st *State) float64 {
+	if st.hasOverride {
+		return st.override.Rate
+	}
+	return e.passed.Rate
+}
+
+// Reading reports whether a read of e's record is in flight.
+func (e *Entry) Reading() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.reading != nil
+}
+
+// Load returns what was read last.
+func (e *Entry) Load() *State { return e.state.Load() }
+
+// Controls are a Limiter's control entries.
+type Controls struct {
+	script  *redisx.Script // the bucket script's
+	channel string         // of announcements
+	clock   func() time.Time
+	id      string // this Limiter's, among a bucket's users
+	events  *redisx.Listener
+
+	mu sync.RWMutex
+	m  map[string]*Entry
+}
+
+// New returns the Controls that run the record ops of the bucket script
+// s, announced on channel, on which events listens; now is the caller's
+// clock for the ops, nil for the server's.
+func New(s *redisx.Script, channel string, now func() time.Time, events *redisx.Listener) *Controls {
+	host, _ := os.Hostname()
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	return &Controls{
+		script:  s,
+		channel: channel,
+		clock:   now,
+		id:      fmt.Sprintf("%s/%d/%s", host, os.Getpid(), hex.EncodeToString(b[:])),
+		events:  events,
+	}
+}
+
+// Entry returns the control entry of the bucket whose layers' keys are
+// keys, the first the bucket's own, and whose callers pass passed for the
+// first layer, reading the record when it is not
+// known well enough to grant by: when the Limiter has none, or does not
+// listen to announcements and read it more than Refresh ago. Only
+// one read of a record is in flight at once: callers that need it wait
+// for it. shared tells whether Redis is healthy; while it is not, the
+// entry is used as last read, and read when Redis is back. The error is
+// that of a read that failed.
+func (c *Controls) Entry(ctx context.Context, keys []string, passed Limit, shared bool) (_ *Entry, sent bool, _ error) {
+	now := time.Now().UnixNano()
+	listening := c.events.Use()
+	key := keys[0]
+	c.mu.RLock()
+	e := c.m[key]
+	c.mu.RUnlock()
+	if e == nil {
+		e = c.add(keys, passed)
+		listening = false
+	}
+	redisx.Touch(&e.used, now)
+	readAt := e.read.Load()
+	switch {
+	case !shared:
+		return e, false, nil
+	case e.Load().readAt.IsZero():
+		// Never read: wait for the read, this caller's or the one in
+		// flight, and share its outcome.
+	case now-readAt < int64(Refresh):
+		return e, false, nil
+	case listening && readAt != 0:
+		// Read again in the background, once: what was read stands
+		// meanwhile.
+		if e.read.CompareAndSwap(readAt, now) {
+			go c.refresh(e)
+		}
+		return e, false, nil
+	}
+	sent, err := c.ReadNow(ctx, e)
+	return e, sent, err
+}
+
+// add returns the entry of the bucket of keys, made and kept if there is
+// none, making room when maxControls are kept.
+func (c *Controls) add(keys []string, passed Limit) *Entry {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	key := keys[0]
+	if e := c.m[key]; e != nil {
+		return e
+	}
+	if c.m == nil {
+		c.m = make(map[string]*Entry)
+	}
+	if len(c.m) >= maxControls {
+		c.evict()
+	}
+	e := &Entry{key: key, passed: passed, seen: redisx.Num(passed.Rate) + " " + redisx.Num(passed.Burst)}
+	e.state.Store(&State{replaced: make(chan struct{})})
+	var layers []string
+	for _, k := range keys[1:] {
+		layers = append(layers, strings.TrimPrefix(k, key))
+	}
+	e.layers = strings.Join(layers, " ")
+	c.m[key] = e
+	return e
+}
+
+// evict forgets the entries unused for the listener's idle time, or, when all were
+// used since, an arbitrary tenth of them; never one that callers sleep or
+// wait on. It runs with c.mu held.
+func (c *Controls) evict() {
+	idle := time.Now().Add(-c.events.Idle()).UnixNano()
+	for k, e := range c.m {
+		if e.used.Load() < idle && !e.busy() {
+			delete(c.m, k)
+		}
+	}
+	for k, e := range c.m {
+		if len(c.m) < maxControls*9/10 {
+			break
+		}
+		if !e.busy() {
+			delete(c.m, k)
+		}
+	}
+}
+
+func (e *Entry) busy() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.waiters > 0
+}
+
+// Lookup returns the entry of the bucket whose first key is key, or nil.
+func (c *Controls) Lookup(key string) *Entry {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	return c.m[key]
+}
+
+// Wait registers a caller that sleeps or waits on e, and returns the func
+// that ends it. While any does, the Limiter listens, and reads e's record
+// every WaitRefresh: an announcement lost costs them that at most, and
+// never a stall.
+func (c *Controls) Wait(e *Entry) (done func()) {
+	release := c.events.Hold()
+	e.mu.Lock()
+	e.waiters++
+	first := e.waiters == 1
+	e.mu.Unlock()
+	if first {
+		go c.watch(e)
+	}
+	return func() {
+		e.mu.Lock()
+		e.waiters--
+		e.mu.Unlock()
+		release()
+	}
+}
+
+// watch reads e's record every WaitRefresh while callers wait on it, and
+// at once if it was read longer ago than the Limiter refreshes records.
+func (c *Controls) watch(e *Entry) {
+	if time.Since(time.Unix(0, e.read.Load())) >= Refresh {
+		c.refresh(e)
+	}
+	t := time.NewTicker(WaitRefresh)
+	defer t.Stop()
+	for range t.C {
+		if !e.busy() {
+			return
+		}
+		if time.Since(time.Unix(0, e.read.Load())) >= WaitRefresh/2 {
+			c.refresh(e)
+		}
+	}
+}
+
+// ReadNow reads e's record unless a read is in flight, in which case it
+// waits for that one, and returns its error. sent tells whether it sent a
+// read of its own.
+func (c *Controls) ReadNow(ctx context.Context, e *Entry) (sent bool, _ error) {
+	e.mu.Lock()
+	if done := e.reading; done != nil {
+		e.mu.Unlock()
+		select {
+		case <-done:
+			e.mu.Lock()
+			defer e.mu.Unlock()
+			return false, e.readErr
+		case <-ctx.Done():
+			return false, ctx.Err()
+		}
+	}
+	done := make(chan struct{})
+	e.reading = done
+	e.mu.Unlock()
+	err := c.read(ctx, e)
+	e.mu.Lock()
+	e.reading, e.readErr = nil, err
+	again := e.stale
+	e.stale = false
+	e.mu.Unlock()
+	close(done)
+	if again {
+		go c.refresh(e)
+	}
+	return true, err
+}
+
+// refresh reads e's record in the background. When a read is in flight,
+// which may have been sent before the change that calls for this one, it
+// has the record read again once that read ends.
+func (c *Controls) refresh(e *Entry) {
+	e.mu.Lock()
+	if e.reading != nil {
+		e.stale = true
+		e.mu.Unlock()
+		return
+	}
+	e.mu.Unlock()
+	ctx, cancel := context.WithTimeout(redisx.Untraced(), readFor)
+	defer cancel()
+	_, _ = c.ReadNow(ctx, e)
+}
+
+// read reads e's record, records the Limit the Limiter's callers pass
+// and the Limiter among the bucket's users, and replaces e's state with
+// what it read. A failed read leaves the state as it was, or no control at
+// all if there was none, and is tried again Refresh later.
+func (c *Controls) read(ctx context.Context, e *Entry) error {
+	e.read.Store(time.Now().UnixNano())
+	sent := time.Now()
+	keys := []string{e.key}
+	for suffix := range strings.FieldsSeq(e.layers) {
+		keys = append(keys, e.key+suffix)
+	}
+	keys = append(keys, e.key+Suffix)
+	cmd, _ := c.script.Run(ctx, keys, "read", e.seen, e.layers, "", c.id)
+	rec, err := Parse(cmd)
+	if err != nil {
+		return err
+	}
+	close(e.state.Swap(rec.state(sent)).replaced)
+	return nil
+}
+
+// Forget resets what the Limiter read of every record, so that the next
+// use reads again before it grants: what was read is no longer kept up to
+// date once the Limiter stops listening.
+func (c *Controls) Forget() {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	for _, e := range c.m {
+		e.read.Store(0)
+	}
+}
+
+// Resync makes up for the announcements the Limiter may have missed before
+// it listened: the records callers wait on are read again at once, and
+// the others used lately in the background at once, the rest at their next
+// use. (The script enforces
+// every record itself; what a Limiter knows serves its sleepers.)
+func (c *Controls) Resync() {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	recent := time.Now().Add(-Refresh).UnixNano()
+	for _, e := range c.m {
+		if e.busy() || e.used.Load() > recent {
+			go c.refresh(e)
+		} else {
+			e.read.Store(1) // long ago, but read
+		}
+	}
+}
+
+// Announced reads again the record of the bucket whose first key is key,
+// announced on the control channel.
+func (c *Controls) Announced(key string) {
+	if e := c.Lookup(key); e != nil {
+		go c.refresh(e)
+	}
+}
+
+// A Record is a control record as the script replies it.
+type Record struct {
+	Now          int64 // µs, the server's clock
+	Override     *Limit
+	Since, Until int64 // µs; Until is -1 for a pause with no end
+	Seen         *Limit
+	Users        int    // status only
+	Tat          int64  // status only; 0 when absent
+	Source       string // who set the pause's end
+	changed      int64  // µs; 0 when the Limit in force never changed
+	pivot        int64  // µs, whence the change rescaled the queue
+	prev         float64
+	during       Pause // the pause in force at the change
+}
+
+// Parse reads the reply of a record op. A Limit in it must have a finite
+// rate and burst above zero: Limiters write only Limits they validated.
+func Parse(cmd *redis.Cmd) (Record, error) {
+	vals, err := cmd.StringSlice()
+	if err != nil {
+		return Record{}, err
+	}
+	if len(vals) != 13 {
+		return Record{}, fmt.Errorf("%w: a control reply of %d fields", redisx.ErrReply, len(vals))
+	}
+	var r Record
+	var errs []error
+	integer := func(s string) int64 {
+		if s == "" {
+			return 0
+		}
+		v, err := strconv.ParseInt(s, 10, 64)
+		errs = append(errs, err)
+		return v
+	}
+	limit := func(rate, burst string) *Limit {
+		if rate == "" || burst == "" {
+			return nil
+		}
+		r, err1 := strconv.ParseFloat(rate, 64)
+		b, err2 := strconv.ParseFloat(burst, 64)
+		errs = append(errs, err1, err2)
+		if !(r > 0 && b > 0) || math.IsInf(r, 0) || math.IsInf(b, 0) {
+			errs = append(errs, fmt.Errorf("a Limit of %s/s burst %s", rate, burst))
+		}
+		return &Limit{Rate: r, Burst: b}
+	}
+	r.Now = integer(vals[0])
+	r.Override = limit(vals[1], vals[2])
+	r.Since = integer(vals[3])
+	if vals[4] == "forever" {
+		r.Until = -1
+	} else {
+		r.Until = integer(vals[4])
+	}
+	if rate, burst, ok := strings.Cut(vals[5], " "); ok {
+		r.Seen = limit(rate, burst)
+	}
+	r.Users = int(integer(vals[6]))
+	if vals[7] != "" {
+		tat, err := strconv.ParseFloat(vals[7], 64)
+		r.Tat = int64(tat)
+		errs = append(errs, err)
+	}
+	r.changed = integer(vals[8])
+	r.Source = vals[9]
+	r.pivot = integer(vals[10])
+	if vals[11] != "" {
+		prev, err := strconv.ParseFloat(vals[11], 64)
+		r.prev = prev
+		errs = append(errs, err)
+	}
+	if since, shifted, ok := strings.Cut(vals[12], " "); ok {
+		r.during = Pause{Since: integer(since), Shifted: integer(shifted)}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return Record{}, fmt.Errorf("%w: an unreadable control record: %w", redisx.ErrReply, err)
+	}
+	return r, nil
+}
+
+// state turns the record into a Limiter's state, its times moved to the
+// local clock as of sent, when the read was sent.
+func (r Record) state(sent time.Time) *State {
+	st := &State{replaced: make(chan struct{}), readAt: sent, source: r.Source}
+	if r.Override != nil {
+		st.override, st.hasOverride = *r.Override, true
+	}
+	// A record's times are the script's, but Redis holds what anyone with
+	// access wrote: bound them to a century either way, within which a
+	// Duration neither overflows nor wraps.
+	const century = 100 * 365 * 24 * time.Hour
+	local := func(us int64) time.Time {
+		us = max(min(us, r.Now+century.Microseconds()), r.Now-century.Microseconds())
+		return sent.Add(time.Duration(us-r.Now) * time.Microsecond)
+	}
+	if r.changed != 0 {
+		st.changedUS, st.pivot, st.prev, st.during = r.changed, local(r.pivot), r.prev, r.during
+	}
+	if r.Since != 0 {
+		st.since, st.sinceUS = local(r.Since), r.Since
+		if r.Until >= 0 {
+			st.until = local(r.Until)
+		}
+	}
+	return st
+}
+
+// Op runs the record op op (limit, clear, hold, resume or status) of the
+// bucket whose first key is key, with arguments x and y, and returns the
+// record it replies. A pause (hold) and a resume move the queues of every
+// layer the Limiters that use the bucket recorded. An op that changes the
+// record is announced by the script; this Limiter reads its entry again
+// at once.
+func (c *Controls) Op(ctx context.Context, key, op string, x, y any) (Record, error) {
+	keys := []string{key}
+	if op == "hold" || op == "resume" {
+		layers, err := c.layersOf(ctx, key)
+		if err != nil {
+			return Record{}, err
+		}
+		for _, suffix := range layers {
+			keys = append(keys, key+suffix)
+		}
+	}
+	keys = append(keys, key+Suffix)
+	now := ""
+	if c.clock != nil {
+		now = strconv.FormatInt(c.clock().UnixMicro(), 10)
+	}
+	cmd, _ := c.script.Run(ctx, keys, op, x, y, now, c.channel)
+	if err := cmd.Err(); err != nil {
+		return Record{}, err
+	}
+	r, err := Parse(cmd)
+	if err != nil {
+		return Record{}, err
+	}
+	if op != "status" {
+		if e := c.Lookup(key); e != nil {
+			_, _ = c.ReadNow(ctx, e)
+		}
+	}
+	return r, nil
+}
+
+// layersOf returns the suffixes of the further layers' keys of the bucket
+// whose first key is key, as the Limiters that use it last recorded them.
+func (c *Controls) layersOf(ctx context.Context, key string) ([]string, error) {
+	h, ok := c.script.Client().(interface {
+		HGet(ctx context.Context, key, field string) *redis.StringCmd
+	})
+	if !ok {
+		return nil, nil
+	}
+	layers, err := h.HGet(ctx, key+Suffix, "layers").Result()
+	if err == redis.Nil {
+		err = nil
+	}
+	return strings.Fields(layers), err
+}

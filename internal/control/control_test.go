@@ -1,0 +1,48 @@
+package control
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// The control record's reply is parsed strictly: a field that does not
+// read as a number fails the read rather than passing as no control.
+func TestControlRecordParsing(t *testing.T) {
+	cmd := redis.NewCmd(context.Background())
+	cmd.SetVal([]any{"1000000", "x", "1", "", "", "", "", "", "", "", "", "", ""})
+	if _, err := Parse(cmd); err == nil {
+		t.Error("an override rate of x parsed")
+	}
+	cmd.SetVal([]any{"1000000", "2", "4", "500000", "forever", "10 5", "3", "1700000.5", "900000", "operator", "800000", "5", "500000 0"})
+	r, err := Parse(cmd)
+	if err != nil || r.Until != -1 || r.Override == nil || *r.Override != (Limit{Rate: 2, Burst: 4}) || r.Seen == nil || r.Users != 3 || r.Tat != 1700000 ||
+		r.changed != 900000 || r.Source != "operator" || r.pivot != 800000 || r.prev != 5 || r.during != (Pause{500000, 0}) {
+		t.Errorf("parsed %+v, %v", r, err)
+	}
+	cmd.SetVal([]any{"1000000", "", "", "500000", "forever", "", "", "", "", "", "", "", ""})
+	if _, err := Parse(cmd); err != nil {
+		t.Errorf("a record of a pause alone: %v", err)
+	}
+	cmd.SetVal([]any{"1000000", "", "", "", "", "", "", "", "", "", "", ""})
+	if _, err := Parse(cmd); err == nil {
+		t.Error("a reply of 12 fields parsed")
+	}
+	// A record's times, whoever wrote them, stay within a century of the
+	// server's clock, without overflowing a Duration.
+	cmd.SetVal([]any{"1000000", "", "", "1", "9223372036854775807", "", "", "", "-9223372036854775808", "", "-9223372036854775808", "1", ""})
+	r, err = Parse(cmd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sent := time.Now()
+	st := r.state(sent)
+	if end, _, paused := st.PausedAt(sent); !paused || end.Before(sent.Add(99*365*24*time.Hour)) {
+		t.Errorf("a pause until the end of int64 µs: paused %v until %v, want a century on", paused, end)
+	}
+	if st.pivot.After(sent) || st.pivot.Before(sent.Add(-101*365*24*time.Hour)) {
+		t.Errorf("a pivot at the start of int64 µs read as %v", st.pivot)
+	}
+}
