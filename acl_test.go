@@ -84,7 +84,7 @@ func TestLeastPrivilegeUser(t *testing.T) {
 	time.Sleep(50 * time.Millisecond) // the second caller sleeps until 200ms
 	b, _ := l.bucket("paused", []Limit{lim})
 	paused := time.Now()
-	if err := l.store.pause(ctx, b, 500*time.Millisecond); err != nil {
+	if err := l.store.Pause(ctx, b.Bucket, 500*time.Millisecond); err != nil {
 		t.Fatalf("a pause as the limiter's user: %v", err)
 	}
 	if at := <-woke; at.Sub(paused) < 500*time.Millisecond {

@@ -105,7 +105,7 @@ func TestAllowPausedBucket(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := l.store.pause(ctx, b, 2*time.Second); err != nil {
+	if err := l.store.Pause(ctx, b.Bucket, 2*time.Second); err != nil {
 		t.Fatal(err)
 	}
 	paused := time.Now()

@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/sharedquota/quota/internal/control"
 	"github.com/sharedquota/quota/internal/redistest"
+	"github.com/sharedquota/quota/internal/store"
 	"go.opentelemetry.io/otel/attribute"
 )
 
@@ -131,10 +132,7 @@ type batchCall struct {
 // call in flight.
 func (r *batchRig) queued(name string) int {
 	key, _ := bucketKey(r.l.cfg.prefix, name)
-	bs := r.l.store.batches
-	bs.mu.Lock()
-	defer bs.mu.Unlock()
-	return len(bs.flights[key].queue)
+	return r.l.store.Queued(key)
 }
 
 // start starts a caller of WaitN(name, n, lims...) whose context has a
@@ -329,82 +327,6 @@ func TestBatchRefundsOneCaller(t *testing.T) {
 	}
 }
 
-// takeSpec is one take of a batch: n tokens, waiting at most maxWait.
-type takeSpec struct {
-	n       float64
-	maxWait time.Duration
-}
-
-// A batch is the same takes one after another: with the clock stopped, so
-// that every take sees the same instant, a batch's replies and the state it
-// leaves equal those of the same takes each in a call of its own, for
-// weighted takes, for layers, and with a refusal in the middle, after
-// which the next takes still go.
-func TestBatchEqualsTakesOneAfterAnother(t *testing.T) {
-	srv := redistest.Start(t)
-	rdb := srv.Client(t)
-	clock := newStoppedClock()
-	s := NewLimiter(rdb, WithClock(clock.Now)).store
-	ctx := context.Background()
-	for _, tc := range []struct {
-		name  string
-		lims  []Limit
-		takes []takeSpec
-	}{
-		{"weighted", []Limit{{Rate: 10, Burst: 3}}, []takeSpec{{3, time.Hour}, {1, time.Hour}, {3, time.Hour}, {2, time.Hour}, {1, time.Hour}}},
-		{"layers", []Limit{{Rate: 10, Burst: 3}, {Rate: 4, Burst: 6}}, []takeSpec{{1, time.Hour}, {3, time.Hour}, {2, time.Hour}, {1, time.Hour}, {3, time.Hour}, {2, time.Hour}}},
-		{"a refusal", []Limit{{Rate: 10, Burst: 2}, {Rate: 5, Burst: 4}}, []takeSpec{{2, time.Hour}, {2, time.Second}, {2, 100 * time.Millisecond}, {1, time.Second}, {2, 0}, {1, time.Hour}}},
-		// Granted at once, yet with a key that outlives the test's reads:
-		// a bucket that never makes anyone wait keeps its key a
-		// millisecond, and the clock that expires keys is the server's.
-		{"all at once", []Limit{{Rate: 10, Burst: 100}}, []takeSpec{{1, 0}, {5, 0}, {1, 0}}},
-		{"at once, then a wait", []Limit{{Rate: 1, Burst: 3}}, []takeSpec{{1, 0}, {1, 0}, {1, time.Hour}, {1, time.Hour}}},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			clock.advance(time.Hour) // every bucket of before is full again
-			batch, err := newBucket(DefaultPrefix, "batch-"+tc.name, tc.lims)
-			if err != nil {
-				t.Fatal(err)
-			}
-			alone, _ := newBucket(DefaultPrefix, "alone-"+tc.name, tc.lims)
-			var qs []*queuedTake
-			for _, sp := range tc.takes {
-				qs = append(qs, &queuedTake{ctx: ctx, n: sp.n, maxWait: sp.maxWait})
-			}
-			if err := s.takeAll(ctx, batch, qs); err != nil {
-				t.Fatal(err)
-			}
-			refused := 0
-			for i, sp := range tc.takes {
-				want, _, err := s.takeOne(ctx, alone, sp.n, sp.maxWait)
-				if err != nil {
-					t.Fatal(err)
-				}
-				got := qs[i].g
-				if got.granted != want.granted || got.wait != want.wait || fmt.Sprint(got.tats) != fmt.Sprint(want.tats) {
-					t.Errorf("take %d of %v: batched %+v, alone %+v", i+1, sp.n, got, want)
-				}
-				if qs[i].size != len(qs) || qs[i].trips != 1 {
-					t.Errorf("take %d: size %d, %d trips; want %d and 1", i+1, qs[i].size, qs[i].trips, len(qs))
-				}
-				if !got.granted {
-					refused++
-				}
-			}
-			if tc.name == "a refusal" && refused == 0 {
-				t.Error("no take refused: the case does not test a refusal")
-			}
-			for i := range tc.lims {
-				b, _ := rdb.Get(ctx, batch.keys[i]).Result()
-				a, _ := rdb.Get(ctx, alone.keys[i]).Result()
-				if a != b {
-					t.Errorf("layer %d: batched leaves %q, alone %q", i+1, b, a)
-				}
-			}
-		})
-	}
-}
-
 // Weighted takes on a bucket of layers, through the Limiter: a batch of
 // them waits exactly as the same takes one after another do.
 func TestBatchWeightedLayers(t *testing.T) {
@@ -423,13 +345,14 @@ func TestBatchWeightedLayers(t *testing.T) {
 		}
 	}
 	alone, _ := newBucket(DefaultPrefix, "weighted-alone", lims)
+	one := store.NewStore(r.rdb, store.Options{Clock: clock.Now}) // every take a call of its own
 	for i, n := range costs {
-		want, _, err := r.l.store.takeOne(context.Background(), alone, n, time.Hour)
+		want, err := one.Take(context.Background(), alone.Bucket, n, time.Hour)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got := r.calls[i].rec.Wait; got != want.wait {
-			t.Errorf("caller %d, %v tokens: waited %v in the batch, %v alone", i, n, got, want.wait)
+		if got := r.calls[i].rec.Wait; got != want.Wait {
+			t.Errorf("caller %d, %v tokens: waited %v in the batch, %v alone", i, n, got, want.Wait)
 		}
 	}
 	if n := r.hold.takes.Load(); n != int64(2+len(costs)) {
@@ -443,7 +366,7 @@ func TestBatchWeightedLayers(t *testing.T) {
 // the grants. Each caller asks again as its grant falls due, one interval
 // (10 ms) after the one before: far longer than a round trip, so that
 // without the hold most would find no call in flight and go alone (0.85
-// commands per grant with 50 goroutines and 0.6 with 200, with maxHold set
+// commands per grant with 50 goroutines and 0.6 with 200, with store.MaxHold set
 // to 0). The hold gathers the callers of the next 50 ms into one call.
 func TestBatchSwarmsHoldTheBound(t *testing.T) {
 	lim := Limit{Rate: 100, Burst: 10}
@@ -466,7 +389,7 @@ func TestBatchSwarmsHoldTheBound(t *testing.T) {
 			checkSwarm(t, grants, lim, d)
 			n := cmds.total()
 			perGrant := float64(n) / float64(len(grants))
-			t.Logf("%d goroutines on %v, maxHold %v: %d Redis commands for %d grants, %.3f per grant (%v)", goroutines, lim, maxHold, n, len(grants), perGrant, cmds)
+			t.Logf("%d goroutines on %v, store.MaxHold %v: %d Redis commands for %d grants, %.3f per grant (%v)", goroutines, lim, store.MaxHold, n, len(grants), perGrant, cmds)
 			if perGrant > 0.5 {
 				t.Errorf("%.3f Redis commands per grant, want at most 0.5: callers of a queue share calls", perGrant)
 			}
@@ -497,27 +420,20 @@ func (r *batchRig) contend(name string, lim Limit) *batchCall {
 // horizon returns where the store knows the queue of the bucket under key
 // to end.
 func (r *batchRig) horizon(key string) (time.Time, bool) {
-	bs := r.l.store.batches
-	bs.mu.Lock()
-	defer bs.mu.Unlock()
-	end, ok := bs.horizons[key]
-	return end, ok
+	return r.l.store.Horizon(key)
 }
 
 // held reports whether the call of the bucket called name is held.
 func (r *batchRig) held(name string) bool {
 	key, _ := bucketKey(r.l.cfg.prefix, name)
-	bs := r.l.store.batches
-	bs.mu.Lock()
-	defer bs.mu.Unlock()
-	return bs.flights[key].held != nil
+	return r.l.store.Held(key)
 }
 
-// setMaxHold sets maxHold for the test.
+// setMaxHold sets store.MaxHold for the test.
 func setMaxHold(t *testing.T, d time.Duration) {
-	old := maxHold
-	maxHold = d
-	t.Cleanup(func() { maxHold = old })
+	old := store.MaxHold
+	store.MaxHold = d
+	t.Cleanup(func() { store.MaxHold = old })
 }
 
 // A caller that finds no call in flight on a bucket with a queue holds its
@@ -619,7 +535,7 @@ func TestHeldCallWaitsForAPause(t *testing.T) {
 }
 
 // A bucket that never makes anyone wait has no queue to hold for: however
-// long maxHold, callers go at once, and the store keeps nothing for it.
+// long store.MaxHold, callers go at once, and the store keeps nothing for it.
 func TestNeverHeld(t *testing.T) {
 	setMaxHold(t, 2*time.Second)
 	r := newBatchRig(t)
@@ -643,15 +559,12 @@ func TestNeverHeld(t *testing.T) {
 	}
 	wg.Wait()
 	slices.Sort(lat)
-	t.Logf("%d waits: p50 %v, p99 %v, max %v (maxHold %v)", len(lat), lat[len(lat)/2], lat[len(lat)*99/100], lat[len(lat)-1], maxHold)
-	if lat[len(lat)-1] >= maxHold/2 {
+	t.Logf("%d waits: p50 %v, p99 %v, max %v (store.MaxHold %v)", len(lat), lat[len(lat)/2], lat[len(lat)*99/100], lat[len(lat)-1], store.MaxHold)
+	if lat[len(lat)-1] >= store.MaxHold/2 {
 		t.Errorf("a wait took %v on a bucket that never makes anyone wait: held", lat[len(lat)-1])
 	}
-	bs := r.l.store.batches
-	bs.mu.Lock()
-	defer bs.mu.Unlock()
-	if len(bs.horizons) != 0 {
-		t.Errorf("the store keeps the ends of %d queues, want none", len(bs.horizons))
+	if n := r.l.store.Horizons(); n != 0 {
+		t.Errorf("the store keeps the ends of %d queues, want none", n)
 	}
 }
 
@@ -662,7 +575,7 @@ func TestHorizonsAreBounded(t *testing.T) {
 	l := NewLimiter(rdb)
 	lim := Limit{Rate: 0.001, Burst: 1} // the second take waits 1000 s
 	ctx := context.Background()
-	names := maxHorizons + 300
+	names := store.MaxHorizons + 300
 	var last bucket
 	for i := range names {
 		b, err := l.bucket(fmt.Sprint("many-", i), []Limit{lim})
@@ -670,20 +583,18 @@ func TestHorizonsAreBounded(t *testing.T) {
 			t.Fatal(err)
 		}
 		for range 2 {
-			if _, _, err := l.store.take(ctx, b, 1, time.Hour); err != nil {
+			if _, err := l.store.Take(ctx, b.Bucket, 1, time.Hour); err != nil {
 				t.Fatal(err)
 			}
 		}
 		last = b
 	}
-	bs := l.store.batches
-	bs.mu.Lock()
-	defer bs.mu.Unlock()
-	t.Logf("%d buckets with a queue: the store keeps %d ends (bound %d)", names, len(bs.horizons), maxHorizons)
-	if len(bs.horizons) > maxHorizons {
-		t.Errorf("the store keeps %d ends of queues, bound %d", len(bs.horizons), maxHorizons)
+	n := l.store.Horizons()
+	t.Logf("%d buckets with a queue: the store keeps %d ends (bound %d)", names, n, store.MaxHorizons)
+	if n > store.MaxHorizons {
+		t.Errorf("the store keeps %d ends of queues, bound %d", n, store.MaxHorizons)
 	}
-	if _, ok := bs.horizons[last.keys[0]]; !ok {
+	if _, ok := l.store.Horizon(last.Keys[0]); !ok {
 		t.Error("the newest end of a queue was not kept")
 	}
 }
@@ -710,11 +621,11 @@ func TestBatchSharesAnOutage(t *testing.T) {
 	}
 }
 
-// A call serves at most maxBatch takes; the rest go in the call after.
+// A call serves at most store.MaxBatch takes; the rest go in the call after.
 func TestBatchIsBounded(t *testing.T) {
 	r := newBatchRig(t)
 	r.hold.hold()
-	callers := maxBatch + 44
+	callers := store.MaxBatch + 44
 	for range 1 + callers {
 		r.start("bounded", 0, 1, unlimited)
 	}
@@ -725,7 +636,7 @@ func TestBatchIsBounded(t *testing.T) {
 		}
 	}
 	if n := r.hold.takes.Load(); n != 3 {
-		t.Errorf("%d take calls for %d callers behind a held one, want 2 (%d and %d)", n, callers, maxBatch, callers-maxBatch)
+		t.Errorf("%d take calls for %d callers behind a held one, want 2 (%d and %d)", n, callers, store.MaxBatch, callers-store.MaxBatch)
 	}
 }
 
@@ -738,7 +649,7 @@ func TestBatchSpans(t *testing.T) {
 	lim := Limit{Rate: 1000, Burst: 1}
 	// The bucket's control record is read before: the takes are the
 	// spans' only round trips.
-	if _, _, err := r.l.controls.Entry(context.Background(), mustBucket(t, "spans", lim).keys, control.Limit(lim), true); err != nil {
+	if _, _, err := r.l.controls.Entry(context.Background(), mustBucket(t, "spans", lim).Keys, control.Limit(lim), true); err != nil {
 		t.Fatal(err)
 	}
 	r.hold.hold()

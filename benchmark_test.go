@@ -44,10 +44,11 @@ func BenchmarkAcquire(b *testing.B) {
 	// BareEvalSha is the floor for Wait: the same script with the same
 	// arguments, called directly.
 	b.Run("BareEvalSha", func(b *testing.B) {
-		if err := rdb.ScriptLoad(ctx, bucketSource).Err(); err != nil {
+		src := NewLimiter(rdb).store.Script().Source()
+		if err := rdb.ScriptLoad(ctx, src).Err(); err != nil {
 			b.Fatal(err)
 		}
-		sha := redisx.NewScript(rdb, bucketSource).SHA()
+		sha := redisx.NewScript(rdb, src).SHA()
 		keys := []string{"quota:{bench}", "quota:{bench}" + control.Suffix}
 		args := []any{"take", "1", DefaultMaxWait.Microseconds(), "", "1000000", "1000000000", 0}
 		for b.Loop() {

@@ -15,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/sharedquota/quota/internal/control"
 	"github.com/sharedquota/quota/internal/redistest"
+	"github.com/sharedquota/quota/internal/store"
 )
 
 // The client tests run the Limiter, unchanged, on every kind of go-redis
@@ -26,10 +27,10 @@ import (
 // short deadline is refused.
 var slowLimit = Limit{Rate: 0.01, Burst: 1}
 
-// bucketNames returns n bucket names, one of them longer than maxNameLen
+// bucketNames returns n bucket names, one of them longer than store.MaxNameLen
 // and one that begins with "}", which would leave a plain hash tag empty.
 func bucketNames(n int) []string {
-	names := []string{"tenant-" + strings.Repeat("x", 2*maxNameLen), "}tenant-brace.example.com"}
+	names := []string{"tenant-" + strings.Repeat("x", 2*store.MaxNameLen), "}tenant-brace.example.com"}
 	for i := 2; i < n; i++ {
 		names = append(names, fmt.Sprintf("tenant-%02d.example.com", i))
 	}
@@ -178,7 +179,7 @@ func TestNoScriptOnCluster(t *testing.T) {
 			if err := m.ScriptFlush(ctx).Err(); err != nil {
 				return err
 			}
-			if ok, err := m.ScriptExists(ctx, l.store.script.SHA()).Result(); err != nil || ok[0] {
+			if ok, err := m.ScriptExists(ctx, l.store.Script().SHA()).Result(); err != nil || ok[0] {
 				return fmt.Errorf("%s: SCRIPT EXISTS after SCRIPT FLUSH = %v, %v", m.Options().Addr, ok, err)
 			}
 			return nil

@@ -76,13 +76,13 @@ func (l *Limiter) acquireSlot(ctx context.Context, span *waitSpan, b bucket, n i
 			l.degraded(b)
 			return l.degradedSlot(ctx, b, n, mode, try)
 		}
-		set, id, err := l.slots.Acquire(ctx, b.name, b.keys[0], n, try)
+		set, id, err := l.slots.Acquire(ctx, b.Name, b.Keys[0], n, try)
 		switch {
 		case err == nil:
-			l.obs.slotHeld(ModeShared, b.name, 1)
+			l.obs.slotHeld(ModeShared, b.Name, 1)
 			return &Slot{release: func() {
 				l.slots.Release(set, id)
-				l.obs.slotHeld(ModeShared, b.name, -1)
+				l.obs.slotHeld(ModeShared, b.Name, -1)
 			}}, nil
 		case err == slots.ErrNone:
 			return nil, err
@@ -108,7 +108,7 @@ func (l *Limiter) degradedSlot(ctx context.Context, b bucket, n int, mode Mode, 
 		return &Slot{}, nil
 	case ModeLocal:
 		share := max(n/l.workers.Divisor(l.cfg.policy.workers), 1)
-		sem, err := l.localSlots.Get(b.keys[0], share)
+		sem, err := l.localSlots.Get(b.Keys[0], share)
 		if err != nil {
 			l.breaker.Refused()
 			return nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
@@ -127,10 +127,10 @@ func (l *Limiter) degradedSlot(ctx context.Context, b bucket, n int, mode Mode, 
 			}
 		}
 		l.breaker.Served()
-		l.obs.slotHeld(ModeLocal, b.name, 1)
+		l.obs.slotHeld(ModeLocal, b.Name, 1)
 		return &Slot{release: func() {
 			<-sem
-			l.obs.slotHeld(ModeLocal, b.name, -1)
+			l.obs.slotHeld(ModeLocal, b.Name, -1)
 		}}, nil
 	}
 	l.breaker.Refused()

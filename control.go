@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/sharedquota/quota/internal/control"
+	"github.com/sharedquota/quota/internal/store"
 )
 
 // controlIdle is how long a Limiter stays unused before it stops
@@ -22,7 +23,7 @@ var controlIdle = time.Minute
 // it is the caller's error. A read of the record counts among the span's
 // round trips.
 func (l *Limiter) controlled(ctx context.Context, span *waitSpan, b bucket) (bucket, error) {
-	e, sent, err := l.controls.Entry(ctx, b.keys, control.Limit(b.lims[0]), l.mode() == ModeShared)
+	e, sent, err := l.controls.Entry(ctx, b.Keys, control.Limit(b.Lims[0]), l.mode() == ModeShared)
 	if sent {
 		span.trips++
 	}
@@ -33,7 +34,7 @@ func (l *Limiter) controlled(ctx context.Context, span *waitSpan, b bucket) (buc
 		}
 		l.trip(b, err)
 	}
-	b.ctl, b.passed = e, b.lims[0]
+	b.ctl, b.passed = e, b.limit(0)
 	return b.under(e), nil
 }
 
@@ -46,9 +47,9 @@ func (b bucket) under(e *control.Entry) bucket {
 	if o, ok := st.Override(); ok {
 		want = Limit(o)
 	}
-	if b.lims[0] != want {
-		b.lims = slices.Clone(b.lims)
-		b.lims[0] = want
+	if b.limit(0) != want {
+		b.Lims = slices.Clone(b.Lims)
+		b.Lims[0] = store.Limit(want)
 	}
 	b.st = st
 	return b
@@ -104,9 +105,9 @@ func (l *Limiter) awaitPause(ctx context.Context, span *waitSpan, b bucket, o *a
 			}
 			return ctx.Err()
 		case o.noWait:
-			return fmt.Errorf("%w: %q is paused %s", ErrWouldWait, b.name, until)
+			return fmt.Errorf("%w: %q is paused %s", ErrWouldWait, b.Name, until)
 		case hasDeadline && !forever && end.Sub(now) > maxWait:
-			return fmt.Errorf("%w: %q is paused %s", ErrWouldExceedDeadline, b.name, until)
+			return fmt.Errorf("%w: %q is paused %s", ErrWouldExceedDeadline, b.Name, until)
 		case !forever && end.Sub(now) <= maxWait:
 			return ctx.Err() // the script queues it behind the pause
 		}
@@ -130,20 +131,20 @@ func (l *Limiter) awaitPause(ctx context.Context, span *waitSpan, b bucket, o *a
 	}
 }
 
-// sleepOn waits for a grant of bucket b that falls due after g.wait, and
+// sleepOn waits for a grant of bucket b that falls due after g.Wait, and
 // later by as much as a pause or a change of the Limit in force, recorded
 // since the take, moved the queue it was granted in. When ctx ends first,
 // or a pause moves the grant past ctx's deadline, it returns how far the
 // grant had been moved with the error, for the refund.
-func (l *Limiter) sleepOn(ctx context.Context, b bucket, g grant) (time.Duration, error) {
-	if g.wait <= 0 {
+func (l *Limiter) sleepOn(ctx context.Context, b bucket, g store.Grant) (time.Duration, error) {
+	if g.Wait <= 0 {
 		return 0, nil
 	}
-	due := time.Now().Add(g.wait)
+	due := time.Now().Add(g.Wait)
 	if b.ctl == nil {
-		return 0, sleep(ctx, g.wait)
+		return 0, sleep(ctx, g.Wait)
 	}
-	takenAt := g.takenAt(b)
+	takenAt := g.TakenAt(b.Bucket)
 	// A sleep long enough for a read of the record to matter, or one that
 	// a pause holds, registers: the Limiter reads the record every
 	// control.WaitRefresh meanwhile. A shorter one learns of a change from its
@@ -158,7 +159,7 @@ func (l *Limiter) sleepOn(ctx context.Context, b bucket, g grant) (time.Duration
 	// when returns when the grant falls due under st, false while a pause
 	// with no end holds it.
 	when := func(st *control.State) (time.Time, bool) {
-		at, ends := st.Hold(due, takenAt, g.pause)
+		at, ends := st.Hold(due, takenAt, control.Pause(g.Pause))
 		if !ends {
 			return at, false
 		}

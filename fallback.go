@@ -11,6 +11,7 @@ import (
 	"github.com/sharedquota/quota/internal/breaker"
 	"github.com/sharedquota/quota/internal/control"
 	"github.com/sharedquota/quota/internal/local"
+	"github.com/sharedquota/quota/internal/store"
 	"golang.org/x/time/rate"
 )
 
@@ -27,8 +28,8 @@ func (l *Limiter) localWait(ctx context.Context, b bucket, n float64, noWait boo
 			r.CancelAt(now)
 		}
 	}
-	for i, lim := range b.lims {
-		rl, err := l.locals.Get(b.name, b.keys[0], b.keys[i], local.Limit(lim), l.workers.Divisor(l.cfg.policy.workers))
+	for i, lim := range b.Lims {
+		rl, err := l.locals.Get(b.Name, b.Keys[0], b.Keys[i], local.Limit(lim), l.workers.Divisor(l.cfg.policy.workers))
 		if err != nil {
 			cancel()
 			l.breaker.Refused()
@@ -51,9 +52,9 @@ func (l *Limiter) localWait(ctx context.Context, b bucket, n float64, noWait boo
 		cancel()
 		switch {
 		case noWait:
-			return 0, fmt.Errorf("%w: %q needs %v", ErrWouldWait, b.name, delay)
+			return 0, fmt.Errorf("%w: %q needs %v", ErrWouldWait, b.Name, delay)
 		case deadline:
-			return 0, fmt.Errorf("%w: %q needs %v", ErrWouldExceedDeadline, b.name, delay)
+			return 0, fmt.Errorf("%w: %q needs %v", ErrWouldExceedDeadline, b.Name, delay)
 		case l.cfg.dryRun:
 			return delay, nil // enforced, it would sleep MaxWait and ask again
 		}
@@ -96,11 +97,11 @@ func (l *Limiter) settleLocal() error {
 	workers := float64(l.workers.Divisor(l.cfg.policy.workers))
 	for _, s := range l.locals.Shares() {
 		// One layer at a time, under the bucket's control record.
-		b := bucket{name: s.Name, keys: []string{s.Key}, lims: []Limit{Limit(s.Limit)}, call: []string{s.Key, s.First + control.Suffix}}
+		b := store.Bucket{Name: s.Name, Keys: []string{s.Key}, Lims: []store.Limit{store.Limit(s.Limit)}, Call: []string{s.Key, s.First + control.Suffix}}
 		ctx, cancel := context.WithTimeout(context.Background(), breaker.ProbeTimeout)
-		err := l.store.lower(ctx, b, max(s.Tokens, 0)*workers)
+		err := l.store.Lower(ctx, b, max(s.Tokens, 0)*workers)
 		if err == nil && s.Tokens < 0 {
-			err = l.store.adjust(ctx, b, -s.Tokens, "")
+			err = l.store.Adjust(ctx, b, -s.Tokens, "")
 		}
 		cancel()
 		if err != nil {
@@ -126,6 +127,6 @@ func (l *Limiter) resumeIn(ctx context.Context) time.Duration {
 	if l.cfg.policy.mode() != ModeLocal || !l.handOver {
 		return 0
 	}
-	d, _ := l.resume.In(ctx, resumeDelay, l.store.now())
+	d, _ := l.resume.In(ctx, resumeDelay, l.store.Now())
 	return d
 }

@@ -325,7 +325,7 @@ func TestFaultFailClosed(t *testing.T) {
 		t.Fatal(err)
 	}
 	cmds := newCmdCounter()
-	ws[0].tr.Limiter().store.script.Client().(*redis.Client).AddHook(cmds)
+	ws[0].tr.Limiter().store.Script().Client().(*redis.Client).AddHook(cmds)
 	srv.Kill()
 	down := time.Now()
 	var slowest time.Duration

@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/sharedquota/quota/internal/control"
 	"github.com/sharedquota/quota/internal/redistest"
+	"github.com/sharedquota/quota/internal/store"
 )
 
 // FuzzKeys feeds arbitrary URLs, Host headers and region headers to the
@@ -24,7 +25,7 @@ func FuzzKeys(f *testing.F) {
 	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
 	defer rdb.Close()
 	l := NewLimiter(rdb)
-	maxKey := len(DefaultPrefix) + len("{}") + maxNameLen + 2 // shortened, and escaped
+	maxKey := len(DefaultPrefix) + len("{}") + store.MaxNameLen + 2 // shortened, and escaped
 	keyFuncs := []KeyFunc{Host, Join(Host, Header("X-Region")), Join(Fixed("acct"), Host, Header("X-Region"))}
 
 	f.Fuzz(func(t *testing.T, rawURL, host, region string) {
@@ -76,14 +77,14 @@ func FuzzScript(f *testing.F) {
 		}
 		maxWait = min(max(maxWait, 0), int64(time.Hour)) / 1000
 		for _, key := range []string{"quota:{fuzz}", "quota:{fuzz-" + lim.String() + "}"} {
-			r, _, err := l.store.take(ctx, oneLayer(key, lim), n, time.Duration(maxWait)*time.Microsecond)
+			r, err := l.store.Take(ctx, oneLayer(key, lim), n, time.Duration(maxWait)*time.Microsecond)
 			if err != nil {
 				t.Fatalf("take %v of %v, max wait %dus: %v", n, lim, maxWait, err)
 			}
-			if r.wait < 0 || (r.granted && r.wait.Microseconds() > maxWait) {
+			if r.Wait < 0 || (r.Granted && r.Wait.Microseconds() > maxWait) {
 				t.Fatalf("take %v of %v, max wait %dus: reply %+v", n, lim, maxWait, r)
 			}
-			if err := l.store.refund(ctx, oneLayer(key, lim), n, r.tats); err != nil {
+			if err := l.store.Refund(ctx, oneLayer(key, lim), n, r.Tats); err != nil {
 				t.Fatalf("refund %v of %v: %v", n, lim, err)
 			}
 		}

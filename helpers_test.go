@@ -14,6 +14,7 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 	"github.com/sharedquota/quota/internal/control"
+	"github.com/sharedquota/quota/internal/store"
 )
 
 // Helpers shared by the package's tests.
@@ -209,7 +210,7 @@ func (dueHook) DialHook(next redis.DialHook) redis.DialHook { return next }
 
 func (dueHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		callers, _ := ctx.Value(callersKey{}).([]context.Context)
+		callers, _ := ctx.Value(store.CallersKey{}).([]context.Context)
 		if callers == nil {
 			callers = []context.Context{ctx}
 		}

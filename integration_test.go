@@ -21,6 +21,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/sharedquota/quota/internal/redistest"
+	"github.com/sharedquota/quota/internal/store"
 )
 
 // The integration tests run the script on real redis-server processes that
@@ -455,14 +456,14 @@ func TestReportedWaitIsExact(t *testing.T) {
 	rdb := newServerClient(t)
 	ctx := context.Background()
 	// take takes n tokens and returns the grant and what dueHook saw of it.
-	take := func(l *Limiter, b bucket, n float64) (grant, *dueRecord) {
+	take := func(l *Limiter, b bucket, n float64) (store.Grant, *dueRecord) {
 		t.Helper()
 		tctx, rec := withDueRecord(ctx)
-		g, _, err := l.store.take(tctx, b, n, time.Minute)
+		g, err := l.store.Take(tctx, b.Bucket, n, time.Minute)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if !g.granted || rec.Due.IsZero() {
+		if !g.Granted || rec.Due.IsZero() {
 			t.Fatalf("%v tokens refused, or no due instant (%+v)", n, rec)
 		}
 		return g, rec
@@ -502,7 +503,7 @@ func TestReportedWaitIsExact(t *testing.T) {
 			b, _ := clocked.bucket(name+"-clock", []Limit{lim})
 			take(clocked, b, lim.Burst)
 			g, rec := take(clocked, b, 1)
-			clockedWait = g.wait
+			clockedWait = g.Wait
 			return rec.Waited
 		})
 		if want := interval.Round(time.Microsecond); clockedWait != want {
@@ -520,7 +521,7 @@ func TestReportedWaitIsExact(t *testing.T) {
 		var (
 			name            string
 			empty, third    *dueRecord
-			g3              grant
+			g3              store.Grant
 			emptied, queued time.Time
 		)
 		tries := attempts(lim, func(n string) bool {
@@ -533,15 +534,15 @@ func TestReportedWaitIsExact(t *testing.T) {
 			if !second.Waited || !third.Waited {
 				return false
 			}
-			emptied, queued = time.UnixMicro(g3.tats[0]).Add(-2*full-interval), second.Due
+			emptied, queued = time.UnixMicro(g3.Tats[0]).Add(-2*full-interval), second.Due
 			return true
 		})
-		taken := third.Due.Add(-g3.wait)
+		taken := third.Due.Add(-g3.Wait)
 		if !within(emptied, empty) {
 			t.Errorf("%v: the tats put the emptying take %v into its round trip of %v", lim, emptied.Sub(empty.Sent), empty.Replied.Sub(empty.Sent))
 		}
 		if !within(taken, third) {
-			t.Errorf("%v: reported wait %v puts its take %v into its round trip of %v", lim, g3.wait, taken.Sub(third.Sent), third.Replied.Sub(third.Sent))
+			t.Errorf("%v: reported wait %v puts its take %v into its round trip of %v", lim, g3.Wait, taken.Sub(third.Sent), third.Replied.Sub(third.Sent))
 		}
 		if !near(queued.Sub(emptied), full) || !near(third.Due.Sub(queued), interval) {
 			t.Errorf("%v: the queued burst fell due %v after the bucket was emptied and the next token %v after it, want %v and %v",
@@ -932,7 +933,7 @@ func TestSwarmAcrossProcessesCatchesNaive(t *testing.T) {
 // After the first wave each caller asks as its grant falls due, an
 // interval of the fleet's queue after the one before, mostly with no call
 // of its process in flight: alone it would send a call of its own (0.75
-// commands per grant with maxHold set to 0); the hold gathers the callers
+// commands per grant with store.MaxHold set to 0); the hold gathers the callers
 // of its process that come in the next 50 ms.
 func TestCommandsPerGrantUnderContention(t *testing.T) {
 	srv := redistest.Start(t)
@@ -946,7 +947,7 @@ func TestCommandsPerGrantUnderContention(t *testing.T) {
 		t.Logf("worker %d: %d commands for %d grants", i, r.Commands, len(r.Grants))
 	}
 	perGrant := float64(cmds) / float64(grants)
-	t.Logf("%d processes x %d goroutines on %v, maxHold %v: %d commands for %d grants, %.3f per grant", procs, goroutines, lim, maxHold, cmds, grants, perGrant)
+	t.Logf("%d processes x %d goroutines on %v, store.MaxHold %v: %d commands for %d grants, %.3f per grant", procs, goroutines, lim, store.MaxHold, cmds, grants, perGrant)
 	if perGrant > 0.5 {
 		t.Errorf("%.3f Redis commands per grant, want at most 0.5: the callers of each process share calls", perGrant)
 	}

@@ -71,9 +71,9 @@ func TestLayersOnCluster(t *testing.T) {
 	}
 	// Every layer's key is in the bucket's slot: a CROSSSLOT reply is
 	// impossible by construction.
-	for _, key := range b.keys {
+	for _, key := range b.Keys {
 		slot, err := cc.ClusterKeySlot(context.Background(), key).Result()
-		first, _ := cc.ClusterKeySlot(context.Background(), b.keys[0]).Result()
+		first, _ := cc.ClusterKeySlot(context.Background(), b.Keys[0]).Result()
 		if err != nil || slot != first {
 			t.Fatalf("%s is in slot %d, the bucket in %d (%v)", key, slot, first, err)
 		}

@@ -15,6 +15,7 @@ import (
 	"github.com/sharedquota/quota/internal/local"
 	"github.com/sharedquota/quota/internal/redisx"
 	"github.com/sharedquota/quota/internal/slots"
+	"github.com/sharedquota/quota/internal/store"
 	"go.opentelemetry.io/otel"
 )
 
@@ -37,7 +38,7 @@ const refundTimeout = time.Second
 // and Allow takes a token only if there is one now.
 type Limiter struct {
 	cfg        config
-	store      *store
+	store      *store.Store
 	obs        observer
 	breaker    *breaker.Breaker
 	handOver   bool // FallbackLocal's coordinated resume (off only in tests)
@@ -67,14 +68,20 @@ func newLimiter(rdb redis.Scripter, cfg config) *Limiter {
 		panic("quota: NewLimiter with a nil Redis client")
 	}
 	l := &Limiter{
-		cfg:    cfg,
-		store:  newStore(rdb, cfg),
+		cfg: cfg,
+		store: store.NewStore(rdb, store.Options{
+			Channel:  cfg.prefix + control.Channel,
+			Clock:    cfg.clock,
+			MaxWait:  cfg.maxWait,
+			Batching: !cfg.noBatching,
+			Hold:     !cfg.dryRun, // a dry run never delays
+		}),
 		obs:    newObserver(cfg),
 		resume: local.NewResume(rdb, cfg.prefix),
 		events: redisx.NewListener(rdb, cfg.prefix+control.Channel, controlIdle),
 	}
 	l.slots = slots.New(rdb, l.events, cfg.prefix+control.Channel, cfg.clock, cfg.slotLease, cfg.logger)
-	l.controls = control.New(l.store.script, cfg.prefix+control.Channel, cfg.clock, l.events)
+	l.controls = control.New(l.store.Script(), cfg.prefix+control.Channel, cfg.clock, l.events)
 	l.events.Handle(redisx.Handlers{
 		Message: l.announced,
 		Started: l.controls.Resync,
@@ -218,7 +225,7 @@ func (l *Limiter) acquire(ctx context.Context, name string, o ask) (_ *Slot, err
 	if b, err = l.controlled(ctx, &span, b); err != nil {
 		return nil, err
 	}
-	span.limit(b.lims[0])
+	span.limit(b.limit(0))
 	if err := b.checkTokens(o.n); err != nil {
 		return nil, err
 	}
@@ -253,11 +260,11 @@ func (l *Limiter) acquire(ctx context.Context, name string, o ask) (_ *Slot, err
 // the Limiter knows it when it asks. Every way back into its loop either
 // sleeps or changes mode: it never calls Redis twice without a pause.
 func (l *Limiter) waitTokens(ctx context.Context, span *waitSpan, b bucket, o ask) error {
-	name := b.name
+	name := b.Name
 	for {
 		if b.ctl != nil {
 			b = b.under(b.ctl)
-			span.limit(b.lims[0])
+			span.limit(b.limit(0))
 		}
 		if err := b.checkTokens(o.n); err != nil {
 			return err
@@ -279,8 +286,11 @@ func (l *Limiter) waitTokens(ctx context.Context, span *waitSpan, b bucket, o as
 		if o.noWait {
 			maxWait = 0
 		}
-		g, trips, err := l.store.take(ctx, b, o.n, maxWait)
-		span.trips += trips
+		g, err := l.store.Take(ctx, b.Bucket, o.n, maxWait)
+		span.trips += g.Trips
+		if g.Size > 0 {
+			batchSize(ctx, g.Size)
+		}
 		if err != nil {
 			if cerr := l.classify(ctx, err); !errors.Is(cerr, ErrUnavailable) {
 				return cerr
@@ -289,17 +299,17 @@ func (l *Limiter) waitTokens(ctx context.Context, span *waitSpan, b bucket, o as
 			continue // the policy serves this request too
 		}
 		l.workers.Heartbeat()
-		if g.granted {
+		if g.Granted {
 			if l.cfg.policy.mode() == ModeLocal {
-				l.locals.Granted(b.keys[0], g.wait)
+				l.locals.Granted(b.Keys[0], g.Wait)
 			}
 			if span.dryRun {
-				span.wait = g.wait
+				span.wait = g.Wait
 				return nil
 			}
 			moved, err := l.sleepOn(ctx, b, g)
 			if err != nil {
-				tats := g.tats
+				tats := g.Tats
 				if moved != 0 && tats != nil {
 					tats = slices.Clone(tats)
 					for i := range tats {
@@ -314,7 +324,7 @@ func (l *Limiter) waitTokens(ctx context.Context, span *waitSpan, b bucket, o as
 			}
 			return nil
 		}
-		if g.wait < 0 {
+		if g.Wait < 0 {
 			// Paused until a resume, which the Limiter had not heard of:
 			// it reads the record, and waits for the pause as the callers
 			// after it will. Should the record say otherwise, it takes
@@ -344,13 +354,13 @@ func (l *Limiter) waitTokens(ctx context.Context, span *waitSpan, b bucket, o as
 		}
 		switch {
 		case o.noWait:
-			return fmt.Errorf("%w: %q needs %v", ErrWouldWait, name, g.wait)
+			return fmt.Errorf("%w: %q needs %v", ErrWouldWait, name, g.Wait)
 		case deadline:
-			return fmt.Errorf("%w: %q needs %v", ErrWouldExceedDeadline, name, g.wait)
+			return fmt.Errorf("%w: %q needs %v", ErrWouldExceedDeadline, name, g.Wait)
 		case span.dryRun:
 			// Enforced, the caller would sleep MaxWait and ask again: its
 			// wait would be about what the script replied, at least that.
-			span.wait = g.wait
+			span.wait = g.Wait
 			return nil
 		}
 		if err := sleep(ctx, maxWait); err != nil {
@@ -399,7 +409,7 @@ var (
 
 // trip tells the breaker that a call on b failed with err, which says that
 // Redis is unavailable.
-func (l *Limiter) trip(b bucket, err error) { l.breaker.Trip(b.name, l.prober(b), err) }
+func (l *Limiter) trip(b bucket, err error) { l.breaker.Trip(b.Name, l.prober(b), err) }
 
 // degraded tells the breaker that the policy serves a request on b.
 func (l *Limiter) degraded(b bucket) { l.breaker.Touch(l.prober(b)) }
@@ -463,8 +473,8 @@ func (l *Limiter) degradedWait(ctx context.Context, b bucket, n float64, mode Mo
 // answered, even with an error that is not an outage (a script error,
 // missing rights), since that ends the outage too.
 func (l *Limiter) ask(ctx context.Context, b bucket) error {
-	redisx.ReloadCluster(ctx, l.store.script.Client()) // learn of a failover now
-	err := l.store.probe(ctx, b)
+	redisx.ReloadCluster(ctx, l.store.Script().Client()) // learn of a failover now
+	err := l.store.Probe(ctx, b.Bucket)
 	if err != nil && errors.Is(l.classify(context.Background(), err), ErrUnavailable) {
 		return err
 	}
@@ -476,7 +486,7 @@ func (l *Limiter) ask(ctx context.Context, b bucket) error {
 func (l *Limiter) refund(ctx context.Context, b bucket, n float64, tats []int64) {
 	ctx, cancel := context.WithTimeout(ctx, refundTimeout)
 	defer cancel()
-	if err := l.store.refund(ctx, b, n, tats); err == nil {
+	if err := l.store.Refund(ctx, b.Bucket, n, tats); err == nil {
 		l.obs.refunds.Add(ctx, 1)
 	}
 }
@@ -494,7 +504,7 @@ func (l *Limiter) maxWait(ctx context.Context) (wait time.Duration, deadline boo
 // classify turns an error of a Redis call into the error a caller gets
 // (see classify).
 func (l *Limiter) classify(ctx context.Context, err error) error {
-	return classify(ctx, err, l.store.cluster)
+	return classify(ctx, err, l.store.Cluster())
 }
 
 // sleep waits for d or until ctx ends, whichever comes first.

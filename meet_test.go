@@ -20,6 +20,7 @@ import (
 	"github.com/sharedquota/quota/internal/local"
 	"github.com/sharedquota/quota/internal/redistest"
 	"github.com/sharedquota/quota/internal/slots"
+	"github.com/sharedquota/quota/internal/store"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 )
@@ -44,7 +45,7 @@ func recordOp(t *testing.T, l *Limiter, name, op, x, y, channel string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd, _ := l.store.script.Run(context.Background(), []string{key, key + control.Suffix}, op, x, y, "", channel)
+	cmd, _ := l.store.Script().Run(context.Background(), []string{key, key + control.Suffix}, op, x, y, "", channel)
 	if err := cmd.Err(); err != nil {
 		t.Fatalf("%s: %v", op, err)
 	}
@@ -136,7 +137,7 @@ func TestLimitChangeDuringAPause(t *testing.T) {
 			t.Fatal(err)
 		}
 		for range 2 {
-			if _, _, err := l.store.take(ctx, b, 100, time.Minute); err != nil {
+			if _, err := l.store.Take(ctx, b.Bucket, 100, time.Minute); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -176,7 +177,7 @@ func TestNothingSpins(t *testing.T) {
 			}
 			b, _ := l.bucket(name, []Limit{lim})
 			for range 4 { // four more: four years
-				if _, _, err := l.store.take(context.Background(), b, 1, 5*365*24*time.Hour); err != nil {
+				if _, err := l.store.Take(context.Background(), b.Bucket, 1, 5*365*24*time.Hour); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -255,7 +256,7 @@ func TestNothingSpins(t *testing.T) {
 	b, _ := l.bucket("spun", []Limit{{Rate: 1 / (300 * 86400.0), Burst: 1}})
 	began := time.Now()
 	for time.Since(began) < 200*time.Millisecond {
-		_, _, _ = l.store.take(context.Background(), b, 1, 0)
+		_, _ = l.store.Take(context.Background(), b.Bucket, 1, 0)
 	}
 	if n := cmds.get("evalsha") + cmds.get("eval"); float64(n)/time.Since(began).Seconds() < 100 {
 		t.Errorf("a loop without a sleep counted %d calls in 200ms: the counter misses them", n)
@@ -392,7 +393,7 @@ func TestGiveBackKeepsTheRetryAfter(t *testing.T) {
 		t.Fatal(err)
 	}
 	for range 2 {
-		if err := l.store.adjust(ctx, b, -4, "settle-1"); err != nil {
+		if err := l.store.Adjust(ctx, b.Bucket, -4, "settle-1"); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -661,7 +662,7 @@ func TestLocalQueuesKeyedByTheBoundedKey(t *testing.T) {
 	if n == 0 {
 		t.Fatal("no queue remembered: the test shows nothing")
 	}
-	if bound := len(l.cfg.prefix) + len("{}") + maxNameLen + 2; longest > bound {
+	if bound := len(l.cfg.prefix) + len("{}") + store.MaxNameLen + 2; longest > bound {
 		t.Errorf("a queue kept under %d bytes, bound %d", longest, bound)
 	}
 }

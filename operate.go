@@ -145,7 +145,7 @@ func (l *Limiter) Status(ctx context.Context, name string) (Status, error) {
 		}
 	}
 	// The roll call of CountingWorkers, which lives beside the buckets.
-	if z, ok := l.store.script.Client().(interface {
+	if z, ok := l.store.Script().Client().(interface {
 		ZCount(ctx context.Context, key, min, max string) *redis.IntCmd
 	}); ok {
 		n, err := z.ZCount(ctx, l.cfg.prefix+"workers", strconv.FormatInt(r.Now/1000, 10), "+inf").Result()

@@ -210,11 +210,11 @@ func tokensAtOnce(t *testing.T, l *Limiter, name string, lim Limit) func(n float
 			t.Fatal(err)
 		}
 		for i := 0; ; i++ {
-			g, _, err := l.store.take(context.Background(), b, n, 0)
+			g, err := l.store.Take(context.Background(), b.Bucket, n, 0)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if !g.granted {
+			if !g.Granted {
 				return i
 			}
 		}

@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/sharedquota/quota/internal/faultproxy"
 	"github.com/sharedquota/quota/internal/redistest"
+	"github.com/sharedquota/quota/internal/store"
 )
 
 // callerKey marks a Wait's context with the caller's number, for
@@ -38,7 +39,7 @@ func (h replyHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 			return err
 		}
 		at := time.Now()
-		callers, _ := ctx.Value(callersKey{}).([]context.Context)
+		callers, _ := ctx.Value(store.CallersKey{}).([]context.Context)
 		if callers == nil {
 			if i, ok := ctx.Value(callerKey{}).(int); ok {
 				h.seen(i, at, c.Val())
@@ -84,12 +85,7 @@ func placed(l *Limiter, name string, i int, first chan struct{}) bool {
 	default:
 	}
 	key, _ := bucketKey(l.cfg.prefix, name)
-	bs := l.store.batches
-	bs.mu.Lock()
-	defer bs.mu.Unlock()
-	f := bs.flights[key]
-	is := func(q *queuedTake) bool { return q != nil && q.ctx.Value(callerKey{}) == i }
-	return is(f.held) || slices.ContainsFunc(f.queue, is)
+	return l.store.Placed(key, func(ctx context.Context) bool { return ctx.Value(callerKey{}) == i })
 }
 
 // TestOverloadKeepsFirstComeFirstServed: 150 callers on 20/s queue for
@@ -218,7 +214,7 @@ func pauseMovesSleepers(t *testing.T, rdb, other redis.UniversalClient) {
 	time.Sleep(100 * time.Millisecond)
 	const pause = time.Second
 	pausedAt := time.Now()
-	if err := b.store.pause(context.Background(), bk, pause); err != nil {
+	if err := b.store.Pause(context.Background(), bk.Bucket, pause); err != nil {
 		t.Fatal(err)
 	}
 	wg.Wait()
@@ -494,24 +490,24 @@ func TestPauseBeforeListening(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := a.store.take(ctx, bk, 1, time.Second); err != nil { // the one token
+	if _, err := a.store.Take(ctx, bk.Bucket, 1, time.Second); err != nil { // the one token
 		t.Fatal(err)
 	}
-	g, _, err := a.store.take(ctx, bk, 1, time.Second) // due in 100 ms
-	if err != nil || g.wait <= 0 {
+	g, err := a.store.Take(ctx, bk.Bucket, 1, time.Second) // due in 100 ms
+	if err != nil || g.Wait <= 0 {
 		t.Fatalf("take: %+v, %v; want a wait", g, err)
 	}
 	taken := time.Now()
 	const pause = 500 * time.Millisecond
-	if err := b.store.pause(ctx, bk, pause); err != nil {
+	if err := b.store.Pause(ctx, bk.Bucket, pause); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := a.sleepOn(ctx, bk, g); err != nil {
 		t.Fatal(err)
 	}
 	slept := time.Since(taken)
-	t.Logf("a grant due in %v, taken before a pause of %v that came before anyone listened, fell due after %v", g.wait, pause, slept)
-	if slept < g.wait+pause-5*time.Millisecond {
-		t.Errorf("the grant fell due after %v, want after its wait and the pause, %v", slept, g.wait+pause)
+	t.Logf("a grant due in %v, taken before a pause of %v that came before anyone listened, fell due after %v", g.Wait, pause, slept)
+	if slept < g.Wait+pause-5*time.Millisecond {
+		t.Errorf("the grant fell due after %v, want after its wait and the pause, %v", slept, g.Wait+pause)
 	}
 }

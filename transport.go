@@ -110,8 +110,8 @@ func (t *Transport) learn(ctx context.Context, name string, lims []Limit, cost f
 	if err != nil {
 		return // cannot be: the take resolved the same bucket
 	}
-	if e := t.limiter.controls.Lookup(b.keys[0]); e != nil {
-		b.passed = b.lims[0]
+	if e := t.limiter.controls.Lookup(b.Keys[0]); e != nil {
+		b.passed = b.limit(0)
 		b = b.under(e)
 	}
 	var us []update
@@ -121,7 +121,7 @@ func (t *Transport) learn(ctx context.Context, name string, lims []Limit, cost f
 		return update{updatePause, func(ctx context.Context) error {
 			d := min(d, t.cfg.maxPause)
 			trace.SpanFromContext(ctx).SetAttributes(attrPause.Float64(d.Seconds()))
-			return st.pause(ctx, b, d)
+			return st.Pause(ctx, b.Bucket, d)
 		}}
 	}
 	if d, ok := retryAfter(resp, now); ok && t.cfg.maxPause > 0 {
@@ -133,7 +133,7 @@ func (t *Transport) learn(ctx context.Context, name string, lims []Limit, cost f
 				us = append(us, pause(reset))
 			} else {
 				us = append(us, update{updateLower, func(ctx context.Context) error {
-					return st.lower(ctx, b, remaining)
+					return st.Lower(ctx, b.Bucket, remaining)
 				}})
 			}
 		}
@@ -142,12 +142,12 @@ func (t *Transport) learn(ctx context.Context, name string, lims []Limit, cost f
 		if real, ok := t.cfg.settle(resp); ok && real >= 0 && !math.IsInf(real, 0) && real != cost {
 			extra := real - cost
 			if bound := t.settleBound(b); extra > bound {
-				t.limiter.updates.cut.Add(ctx, extra-bound, metric.WithAttributes(attrKey.String(b.name)))
+				t.limiter.updates.cut.Add(ctx, extra-bound, metric.WithAttributes(attrKey.String(b.Name)))
 				extra = bound
 			}
 			id := settleID()
 			us = append(us, update{updateSettle, func(ctx context.Context) error {
-				return st.adjust(ctx, b, extra, id)
+				return st.Adjust(ctx, b.Bucket, extra, id)
 			}})
 		}
 	}
@@ -168,7 +168,7 @@ func (t *Transport) settleBound(b bucket) float64 {
 		d = DefaultMaxPause
 	}
 	slowest := math.Inf(1)
-	for _, lim := range b.lims {
+	for _, lim := range b.Lims {
 		slowest = min(slowest, lim.Rate)
 	}
 	return slowest * d.Seconds()

@@ -17,6 +17,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/sharedquota/quota/internal/control"
 	"github.com/sharedquota/quota/internal/slots"
+	"github.com/sharedquota/quota/internal/store"
 )
 
 // newMini returns a client of a fresh miniredis and a counter of the
@@ -114,19 +115,19 @@ func TestRedisKey(t *testing.T) {
 	if k1 == k2 {
 		t.Error("two long names share a key")
 	}
-	if want := len("quota:{}") + maxNameLen + 1; len(k1) != want {
+	if want := len("quota:{}") + store.MaxNameLen + 1; len(k1) != want {
 		t.Errorf("long name: key of %d bytes, want %d", len(k1), want)
 	}
 	if k, _ := bucketKey(l.cfg.prefix, long1); k != k1 {
 		t.Error("a long name's key is not stable")
 	}
-	// A name of maxNameLen bytes in the shortened form of a long name's
+	// A name of store.MaxNameLen bytes in the shortened form of a long name's
 	// (its prefix, "~" and the digest) keeps a key of its own.
 	sum := sha256.Sum256([]byte(long1))
 	digest := hex.EncodeToString(sum[:8])
 	for _, lookalike := range []string{
-		long1[:maxNameLen-len(digest)-1] + "~" + digest,
-		long1[:maxNameLen-len(digest)] + "~" + digest,
+		long1[:store.MaxNameLen-len(digest)-1] + "~" + digest,
+		long1[:store.MaxNameLen-len(digest)] + "~" + digest,
 		strings.TrimSuffix(strings.TrimPrefix(k1, "quota:{"), "}"),
 	} {
 		if k, _ := bucketKey(l.cfg.prefix, lookalike); k == k1 {
@@ -417,15 +418,15 @@ func TestRefundKeepsLaterCallersPlaces(t *testing.T) {
 	lim := Limit{Rate: 10, Burst: 1}
 	ctx := context.Background()
 	b := oneLayer("quota:{k}", lim)
-	take := func(maxWait time.Duration) grant {
-		g, _, err := l.store.take(ctx, b, 1, maxWait)
+	take := func(maxWait time.Duration) store.Grant {
+		g, err := l.store.Take(ctx, b, 1, maxWait)
 		if err != nil {
 			t.Fatal(err)
 		}
 		return g
 	}
-	refund := func(g grant) {
-		if err := l.store.refund(ctx, b, 1, g.tats); err != nil {
+	refund := func(g store.Grant) {
+		if err := l.store.Refund(ctx, b, 1, g.Tats); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -549,8 +550,8 @@ func TestAllow(t *testing.T) {
 }
 
 // oneLayer is the bucket of a single Limit under the Redis key rkey.
-func oneLayer(rkey string, lim Limit) bucket {
-	return bucket{name: rkey, keys: []string{rkey}, lims: []Limit{lim}, call: []string{rkey, rkey + control.Suffix}}
+func oneLayer(rkey string, lim Limit) store.Bucket {
+	return store.Bucket{Name: rkey, Keys: []string{rkey}, Lims: []store.Limit{store.Limit(lim)}, Call: []string{rkey, rkey + control.Suffix}}
 }
 
 // TestWithLimiterRefusesLimiterOptions: an option of the Limiter's own

@@ -85,7 +85,7 @@ func (l *Limiter) startUpdates(ctx context.Context, b bucket, us []update) {
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), updateTimeout)
 		defer cancel()
 		for _, u := range us {
-			uctx, end := l.obs.update(ctx, "quota."+u.kind, b.name)
+			uctx, end := l.obs.update(ctx, "quota."+u.kind, b.Name)
 			err := u.run(uctx)
 			if err != nil {
 				err = l.classify(ctx, err)

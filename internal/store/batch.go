@@ -1,14 +1,12 @@
-package quota
+package store
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"slices"
 	"sync"
 	"time"
 
-	"github.com/sharedquota/quota/internal/control"
+	"github.com/sharedquota/quota/internal/redisx"
 )
 
 // The takes of one bucket in one process share script calls, as a group
@@ -16,7 +14,7 @@ import (
 // flight is sent at once, alone: an uncontended caller pays nothing for the
 // sharing. Takes that arrive while a call is in flight queue in arrival
 // order, and when that call returns the first of them sends one call for
-// all of them (at most maxBatch); the script serves them in that order,
+// all of them (at most MaxBatch); the script serves them in that order,
 // each granted or refused on its own. Nobody waits for a batch to fill: a
 // batch is whoever arrived during the call before it.
 //
@@ -24,28 +22,29 @@ import (
 // grant falls due, one interval of the queue after the one before, far
 // longer than a round trip, so most find no call in flight. So a take that
 // finds no call in flight on a bucket whose queue, as the last reply told,
-// ends ahead of now holds its call for a moment (at most maxHold, and never
+// ends ahead of now holds its call for a moment (at most MaxHold, and never
 // past the end of that queue, before which its own grant cannot fall due)
 // while the takes that arrive meanwhile queue behind it; then it sends one
 // call for all of them, itself first. A bucket that never makes anyone wait
 // has no queue, and its takes never hold.
 
-// maxBatch bounds the takes one call serves, so that its arguments and its
+// MaxBatch bounds the takes one call serves, so that its arguments and its
 // reply stay a few kilobytes; the takes beyond it go in the call after.
-const maxBatch = 256
+const MaxBatch = 256
 
-// maxHold bounds how long a take on a bucket with a queue holds its call
-// for the takes that arrive after it; 0 turns holding off.
-var maxHold = 50 * time.Millisecond
+// MaxHold bounds how long a take on a bucket with a queue holds its call
+// for the takes that arrive after it; 0 turns holding off. A variable for
+// the tests.
+var MaxHold = 50 * time.Millisecond
 
 // minHold is the shortest hold worth making: a shorter one gathers nobody.
 const minHold = time.Millisecond
 
-// maxHorizons bounds the buckets whose queue's end a store remembers. An
+// MaxHorizons bounds the buckets whose queue's end a store remembers. An
 // end that has passed is forgotten when next seen, and a store that has
-// maxHorizons of them forgets the ones past, or else an arbitrary one, to
+// MaxHorizons of them forgets the ones past, or else an arbitrary one, to
 // make room: however many names a process sees, the map stays small.
-const maxHorizons = 1024
+const MaxHorizons = 1024
 
 // batches are a store's buckets with a call in flight, by the bucket's key.
 // A bucket has an entry only while a call for it is in flight, so however
@@ -66,7 +65,7 @@ type batches struct {
 // flight is a bucket with a call in flight, and the takes queued for the
 // next one.
 type flight struct {
-	b     bucket
+	b     Bucket
 	queue []*queuedTake
 	held  *queuedTake // the take that holds its call (see holdFor); nil once sent
 }
@@ -80,11 +79,9 @@ type queuedTake struct {
 	lead    []*queuedTake // the takes of the call it is to send, itself first
 	done    chan struct{} // closed when it is to send a call, or its reply is in
 
-	// Its reply.
-	g     grant
-	trips int // Redis round trips of the call it went in
-	size  int // the takes that call served
-	err   error
+	// Its reply, with the round trips and size of the call it went in.
+	g   Grant
+	err error
 }
 
 type takeState uint8
@@ -95,16 +92,15 @@ const (
 	left                     // its context ended while it was queued
 )
 
-// take is store.take with the sharing: see batches.
-func (bs *batches) take(s *store, ctx context.Context, b bucket, n float64, maxWait time.Duration) (grant, int, error) {
+// take is Store.Take with the sharing: see batches.
+func (bs *batches) take(s *Store, ctx context.Context, b Bucket, n float64, maxWait time.Duration) (Grant, error) {
 	key, q, alone, hold := bs.join(ctx, b, n, maxWait)
 	if q == nil {
-		g, trips, err := s.takeOne(ctx, b, n, maxWait)
-		batchSize(ctx, 1)
+		g, err := s.takeOne(ctx, b, n, maxWait)
 		if !alone {
 			bs.landed(key, s.outage(ctx, err), horizon(time.Now(), g))
 		}
-		return g, trips, err
+		return g, err
 	}
 	if hold > 0 {
 		// q holds the bucket's flight: the takes that arrive meanwhile
@@ -117,7 +113,7 @@ func (bs *batches) take(s *store, ctx context.Context, b bucket, n float64, maxW
 		case <-q.done:
 		case <-ctx.Done():
 			if bs.leave(q) {
-				return grant{}, 0, ctx.Err()
+				return Grant{}, ctx.Err()
 			}
 			<-q.done // already in a call: its reply decides
 		}
@@ -125,10 +121,7 @@ func (bs *batches) take(s *store, ctx context.Context, b bucket, n float64, maxW
 			bs.send(s, key, b, q.lead)
 		}
 	}
-	if q.size > 0 {
-		batchSize(ctx, q.size)
-	}
-	return q.g, q.trips, q.err
+	return q.g, q.err
 }
 
 // join queues a take of b when a call for b is in flight and returns it.
@@ -138,8 +131,8 @@ func (bs *batches) take(s *store, ctx context.Context, b bucket, n float64, maxW
 // with no queue it returns nil, and the caller sends its take at once and
 // must land it. A take of a bucket of the same key under other Limits goes
 // alone, beside the call in flight, and returns nil with alone set.
-func (bs *batches) join(ctx context.Context, b bucket, n float64, maxWait time.Duration) (key string, q *queuedTake, alone bool, hold time.Duration) {
-	key = b.keys[0]
+func (bs *batches) join(ctx context.Context, b Bucket, n float64, maxWait time.Duration) (key string, q *queuedTake, alone bool, hold time.Duration) {
+	key = b.Keys[0]
 	bs.mu.Lock()
 	defer bs.mu.Unlock()
 	f, busy := bs.flights[key]
@@ -153,7 +146,7 @@ func (bs *batches) join(ctx context.Context, b bucket, n float64, maxWait time.D
 		bs.flights[key] = flight{b: b, held: q}
 		return key, q, false, hold
 	}
-	if !f.b.same(b) || (f.held != nil && maxWait < time.Until(bs.horizons[key])) {
+	if !f.b.Same(b) || (f.held != nil && maxWait < time.Until(bs.horizons[key])) {
 		// Beside the call in flight: b under other Limits, or a take that
 		// cannot wait for the queue of the held call's bucket to end,
 		// which is refused at once instead of after the hold.
@@ -166,14 +159,14 @@ func (bs *batches) join(ctx context.Context, b bucket, n float64, maxWait time.D
 }
 
 // holdFor returns how long a take that accepts maxWait holds the call of
-// the bucket under key: until the bucket's queue ends, or for maxHold if
+// the bucket under key: until the bucket's queue ends, or for MaxHold if
 // that is sooner. Its own grant falls due after the queue's end however
 // soon it is sent, so the hold delays nothing. It returns 0 (send at once)
 // when the bucket has no queue, when the hold would be too short to gather
 // anyone, and when the queue ends past maxWait: that take is refused, and
 // at once. It runs with bs.mu held.
 func (bs *batches) holdFor(key string, maxWait time.Duration) time.Duration {
-	if !bs.hold || maxHold <= 0 {
+	if !bs.hold || MaxHold <= 0 {
 		return 0
 	}
 	end, ok := bs.horizons[key]
@@ -185,7 +178,7 @@ func (bs *batches) holdFor(key string, maxWait time.Duration) time.Duration {
 		delete(bs.horizons, key)
 		return 0
 	}
-	if hold := min(ahead, maxHold); hold >= minHold && ahead <= maxWait {
+	if hold := min(ahead, MaxHold); hold >= minHold && ahead <= maxWait {
 		return hold
 	}
 	return 0
@@ -205,7 +198,7 @@ func holdCall(ctx context.Context, hold time.Duration) {
 
 // gather ends the hold of lead, the take holding the flight of the bucket
 // under key, and returns the takes of its call: lead, then those queued
-// behind it, at most maxBatch in all.
+// behind it, at most MaxBatch in all.
 func (bs *batches) gather(key string, lead *queuedTake) []*queuedTake {
 	bs.mu.Lock()
 	defer bs.mu.Unlock()
@@ -213,7 +206,7 @@ func (bs *batches) gather(key string, lead *queuedTake) []*queuedTake {
 	f.held = nil
 	takes := []*queuedTake{lead}
 	i := 0
-	for ; i < len(f.queue) && len(takes) < maxBatch; i++ {
+	for ; i < len(f.queue) && len(takes) < MaxBatch; i++ {
 		if q := f.queue[i]; q.state == queued {
 			q.state = batched
 			takes = append(takes, q)
@@ -250,7 +243,7 @@ func (bs *batches) landed(key string, outage error, end horizonOf) {
 	f := bs.flights[key]
 	var next []*queuedTake
 	i := 0
-	for ; i < len(f.queue) && (outage != nil || len(next) < maxBatch); i++ {
+	for ; i < len(f.queue) && (outage != nil || len(next) < MaxBatch); i++ {
 		if q := f.queue[i]; q.state == queued {
 			q.state = batched
 			next = append(next, q)
@@ -288,20 +281,20 @@ type horizonOf struct {
 
 // horizon returns what the grants of one reply, received at at, in their
 // order, tell of the end of the bucket's queue.
-func horizon(at time.Time, gs ...grant) horizonOf {
+func horizon(at time.Time, gs ...Grant) horizonOf {
 	for i := len(gs) - 1; i >= 0; i-- {
-		if g := gs[i]; g.granted {
-			if g.wait <= 0 {
+		if g := gs[i]; g.Granted {
+			if g.Wait <= 0 {
 				return horizonOf{known: true}
 			}
-			return horizonOf{end: at.Add(g.wait), known: true}
+			return horizonOf{end: at.Add(g.Wait), known: true}
 		}
 	}
 	return horizonOf{}
 }
 
 // learn records the end of the queue of the bucket under key, keeping at
-// most maxHorizons. It runs with bs.mu held.
+// most MaxHorizons. It runs with bs.mu held.
 func (bs *batches) learn(key string, h horizonOf) {
 	switch {
 	case !h.known:
@@ -310,7 +303,7 @@ func (bs *batches) learn(key string, h horizonOf) {
 		delete(bs.horizons, key) // (a no-op on a bucket that never queues)
 		return
 	}
-	if _, ok := bs.horizons[key]; !ok && len(bs.horizons) >= maxHorizons {
+	if _, ok := bs.horizons[key]; !ok && len(bs.horizons) >= MaxHorizons {
 		now := time.Now()
 		for k, end := range bs.horizons {
 			if !end.After(now) {
@@ -318,7 +311,7 @@ func (bs *batches) learn(key string, h horizonOf) {
 			}
 		}
 		for k := range bs.horizons {
-			if len(bs.horizons) < maxHorizons {
+			if len(bs.horizons) < MaxHorizons {
 				break
 			}
 			delete(bs.horizons, k)
@@ -333,7 +326,7 @@ func (bs *batches) learn(key string, h horizonOf) {
 // send sends the call for takes, the next batch of bucket b under key,
 // gives each take its reply, and lands the call. takes[0] sends it, and
 // reads its own reply when send returns.
-func (bs *batches) send(s *store, key string, b bucket, takes []*queuedTake) {
+func (bs *batches) send(s *Store, key string, b Bucket, takes []*queuedTake) {
 	live := make([]*queuedTake, 0, len(takes))
 	for _, q := range takes {
 		if err := q.ctx.Err(); err != nil {
@@ -349,8 +342,7 @@ func (bs *batches) send(s *store, key string, b bucket, takes []*queuedTake) {
 	case 1:
 		// One take: the call of its own, in its own context.
 		q := live[0]
-		q.g, q.trips, q.err = s.takeOne(q.ctx, b, q.n, q.acceptable())
-		q.size = 1
+		q.g, q.err = s.takeOne(q.ctx, b, q.n, q.acceptable())
 		outage = s.outage(q.ctx, q.err)
 		if q.err == nil {
 			end = horizon(time.Now(), q.g)
@@ -361,7 +353,7 @@ func (bs *batches) send(s *store, key string, b bucket, takes []*queuedTake) {
 		outage = s.outage(ctx, err)
 		cancel()
 		if err == nil {
-			gs := make([]grant, len(live))
+			gs := make([]Grant, len(live))
 			for i, q := range live {
 				gs[i] = q.g
 			}
@@ -387,35 +379,35 @@ func (q *queuedTake) acceptable() time.Duration {
 
 // takeAll takes the tokens of every one of takes from b in one call, in
 // their order, and sets each one's reply; it returns the call's error.
-func (s *store) takeAll(ctx context.Context, b bucket, takes []*queuedTake) error {
+func (s *Store) takeAll(ctx context.Context, b Bucket, takes []*queuedTake) error {
 	first := takes[0]
 	args := s.args(b, "take", s.argv.tokens(first.n), s.argv.micros(first.acceptable().Microseconds()), nil, 2*(len(takes)-1))
 	for _, q := range takes[1:] {
 		args = append(args, s.argv.tokens(q.n), s.argv.micros(q.acceptable().Microseconds()))
 	}
-	cmd, trips := s.script.Run(ctx, b.call, args...)
+	cmd, trips := s.script.Run(ctx, b.Call, args...)
 	err := cmd.Err()
 	var v []int64 // nil: every take granted without a wait
-	stride := 2 + len(b.keys)
+	stride := 2 + len(b.Keys)
 	if z, ok := cmd.Val().(int64); err == nil && !(ok && z == 0) {
 		if v, err = cmd.Int64Slice(); err != nil || len(v) != stride*len(takes)+2 {
-			err = fmt.Errorf("%w: unexpected reply %v", ErrScript, cmd.Val())
+			err = fmt.Errorf("%w: %v", redisx.ErrReply, cmd.Val())
 		}
 	}
-	var p control.Pause
+	var p Pause
 	if err == nil && v != nil {
-		p = control.Pause{Since: v[len(v)-2], Shifted: v[len(v)-1]}
+		p = Pause{Since: v[len(v)-2], Shifted: v[len(v)-1]}
 	}
 	for i, q := range takes {
-		q.trips, q.size, q.err = trips, len(takes), err
+		q.err = err
+		q.g = Grant{Granted: err == nil, Trips: trips, Size: len(takes)}
 		if err != nil || v == nil {
-			q.g = grant{granted: err == nil}
 			continue
 		}
 		r := v[i*stride : (i+1)*stride : (i+1)*stride]
-		q.g = grant{granted: r[0] == 1, wait: time.Duration(r[1]) * time.Microsecond, pause: p}
+		q.g.Granted, q.g.Wait, q.g.Pause = r[0] == 1, time.Duration(r[1])*time.Microsecond, p
 		if r[0] == 0 || r[1] != 0 {
-			q.g.tats = r[2:]
+			q.g.Tats = r[2:]
 		}
 	}
 	return err
@@ -424,11 +416,8 @@ func (s *store) takeAll(ctx context.Context, b bucket, takes []*queuedTake) erro
 // outage returns err, the error of a call made in ctx, when it says that
 // Redis is unavailable: a failure the takes queued behind the call share.
 // It returns nil for any other (the caller's context, a script error).
-func (s *store) outage(ctx context.Context, err error) error {
-	if err != nil && errors.Is(classify(ctx, err, s.cluster), ErrUnavailable) {
-		return err
-	}
-	return nil
+func (s *Store) outage(ctx context.Context, err error) error {
+	return redisx.Outage(ctx, err, s.cluster)
 }
 
 // callContext returns the context of the call that serves takes: the
@@ -449,19 +438,14 @@ func callContext(takes []*queuedTake) (context.Context, context.CancelFunc) {
 			latest = d
 		}
 	}
-	ctx := context.WithValue(context.WithoutCancel(takes[0].ctx), callersKey{}, callers)
+	ctx := context.WithValue(context.WithoutCancel(takes[0].ctx), CallersKey{}, callers)
 	if bounded {
 		return context.WithDeadline(ctx, latest)
 	}
 	return ctx, func() {}
 }
 
-// callersKey marks the context of a call that serves several takes with
-// their callers' contexts, in the order of the reply.
-type callersKey struct{}
-
-// same reports whether b and o are the same bucket: the same keys under
-// the same Limits.
-func (b bucket) same(o bucket) bool {
-	return slices.Equal(b.keys, o.keys) && slices.Equal(b.lims, o.lims)
-}
+// CallersKey marks the context of a call that serves several takes with
+// their callers' contexts, in the order of the reply, for a hook that
+// follows each caller's take.
+type CallersKey struct{}

@@ -1,0 +1,351 @@
+// Package store keeps buckets in Redis: their keys, the bucket script
+// (script.lua) with a typed method for each operation on the layers, and
+// the sharing of script calls between the takes of one bucket (batch.go).
+// The script also holds each bucket's control record, whose operations
+// the control package runs on the same script.
+package store
+
+import (
+	"context"
+	"crypto/sha256"
+	_ "embed"
+	"encoding/hex"
+	"fmt"
+	"maps"
+	"math"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sharedquota/quota/internal/redisx"
+)
+
+//go:embed script.lua
+var source string
+
+// MaxNameLen bounds a bucket's name inside its Redis key. Longer names,
+// which only untrusted input produces, are shortened to a prefix and a
+// digest.
+const MaxNameLen = 200
+
+// A Limit is a layer's rate, tokens a second, and burst, validated.
+type Limit struct {
+	Rate  float64
+	Burst float64
+}
+
+// A Pause is the pause a take found in force: when it began and how far
+// it had moved the queues by then, µs; zero when there was none.
+type Pause struct{ Since, Shifted int64 }
+
+// A Bucket is one bucket's layers: its name, and the Redis key and Limit
+// of each layer, the first layer under the bucket's own key.
+type Bucket struct {
+	Name string
+	Keys []string // the layers'
+	Lims []Limit
+	Call []string // the script's KEYS: the layers' keys, then the control record's
+}
+
+// ControlSuffix follows a bucket's key in the key of its control record.
+const ControlSuffix = ":ctl"
+
+// Key returns the Redis key of the bucket named name, which is not empty:
+// the prefix, then the name in a hash tag so that every key of one bucket
+// shares a Cluster slot. Distinct names have distinct keys. A name longer
+// than MaxNameLen is shortened to a prefix and a digest, one byte longer
+// than MaxNameLen, which no name kept whole can be; a name that begins
+// with "}", which would leave the hash tag empty, or with "%", is written
+// after a "%".
+func Key(prefix, name string) string {
+	if len(name) > MaxNameLen {
+		sum := sha256.Sum256([]byte(name))
+		digest := hex.EncodeToString(sum[:8])
+		name = name[:MaxNameLen-len(digest)] + "~" + digest
+	}
+	if name != "" && (name[0] == '}' || name[0] == '%') {
+		name = "%" + name
+	}
+	return prefix + "{" + name + "}"
+}
+
+// New returns the bucket named name under prefix with layers lims, which
+// are at least one and valid.
+func New(prefix, name string, lims []Limit) Bucket {
+	key := Key(prefix, name)
+	b := Bucket{Name: name}
+	if len(lims) == 1 {
+		// The usual bucket, one layer, in one allocation.
+		one := new(struct {
+			call [2]string
+			lims [1]Limit
+		})
+		b.Call, b.Lims = one.call[:], one.lims[:]
+	} else {
+		b.Call, b.Lims = make([]string, len(lims)+1), make([]Limit, len(lims))
+	}
+	b.Keys = b.Call[:len(lims):len(lims)]
+	b.Call[len(lims)] = key + ControlSuffix
+	copy(b.Lims, lims)
+	for i, lim := range b.Lims {
+		b.Keys[i] = key
+		if i > 0 {
+			// Further layers live beside the first, in its hash slot, under
+			// a key that names their Limit.
+			b.Keys[i] = key + ":" + redisx.Num(lim.Rate) + "/" + redisx.Num(lim.Burst)
+		}
+	}
+	return b
+}
+
+// Same reports whether b and o are the same bucket: the same keys under
+// the same Limits.
+func (b Bucket) Same(o Bucket) bool {
+	return slices.Equal(b.Keys, o.Keys) && slices.Equal(b.Lims, o.Lims)
+}
+
+// A Store runs the operations of the bucket script on Redis, one typed
+// method each.
+type Store struct {
+	script  *redisx.Script
+	argv    argvCache
+	clock   func() time.Time // nil: the server's clock
+	cluster bool             // the client follows Cluster redirections
+	channel string           // the control channel, which announces changes
+	batches *batches         // nil: every take a call of its own
+}
+
+// Options are a Store's settings.
+type Options struct {
+	Channel  string           // on which the script announces changes
+	Clock    func() time.Time // the callers' clock; nil: the server's
+	MaxWait  time.Duration    // the wait most takes accept, kept formatted
+	Batching bool             // the takes of one bucket share calls
+	Hold     bool             // a take on a bucket with a queue holds its call for the takes after it
+}
+
+// NewStore returns the Store of the buckets in rdb.
+func NewStore(rdb redis.Scripter, o Options) *Store {
+	s := &Store{script: redisx.NewScript(rdb, source), clock: o.Clock, channel: o.Channel}
+	s.cluster = redisx.IsCluster(rdb)
+	if o.Batching {
+		s.batches = &batches{hold: o.Hold}
+	}
+	s.argv.init(o.MaxWait)
+	return s
+}
+
+// Script returns the bucket script, which the control records' operations
+// run too.
+func (s *Store) Script() *redisx.Script { return s.script }
+
+// Cluster reports whether the client follows Cluster redirections.
+func (s *Store) Cluster() bool { return s.cluster }
+
+// A Grant is the reply to a take.
+type Grant struct {
+	Granted bool          // false: the wait exceeds the caller's, nothing was taken
+	Wait    time.Duration // until the tokens have accrued, or would have
+	Tats    []int64       // µs, a layer each; identify the take for its refund (nil without a wait)
+	Pause   Pause         // the pause in force when the take ran (zero without a wait)
+	Trips   int           // the Redis round trips of its call
+	Size    int           // the takes its call served, when takes share calls; 0 otherwise or when none was sent
+}
+
+// TakenAt returns when, on the server's clock in microseconds, the take
+// that granted g after a wait ran: its grant falls due when the slowest
+// layer, whose tat moved by n tokens, has n tokens again.
+func (g Grant) TakenAt(b Bucket) int64 {
+	due := int64(math.MinInt64)
+	for i, lim := range b.Lims {
+		due = max(due, g.Tats[i]-int64(lim.Burst/lim.Rate*1e6))
+	}
+	return due - g.Wait.Microseconds()
+}
+
+// Take takes n tokens from every layer of b when the wait for them is at
+// most maxWait. A take of a bucket that has no take in flight in this
+// store is sent at once; one that finds a take in flight joins the next
+// call, shared with every take that queued meanwhile (see batches). The
+// grant tells the round trips and the size of its call, also with an
+// error.
+func (s *Store) Take(ctx context.Context, b Bucket, n float64, maxWait time.Duration) (Grant, error) {
+	if s.batches == nil {
+		g, err := s.takeOne(ctx, b, n, maxWait)
+		g.Size = 0
+		return g, err
+	}
+	return s.batches.take(s, ctx, b, n, maxWait)
+}
+
+// takeOne takes n tokens from every layer of b in a call of its own.
+func (s *Store) takeOne(ctx context.Context, b Bucket, n float64, maxWait time.Duration) (Grant, error) {
+	cmd, trips := s.run(ctx, b, "take", s.argv.tokens(n), s.argv.micros(maxWait.Microseconds()), nil)
+	if err := cmd.Err(); err != nil {
+		return Grant{Trips: trips, Size: 1}, err
+	}
+	if v, ok := cmd.Val().(int64); ok && v == 0 {
+		return Grant{Granted: true, Trips: trips, Size: 1}, nil // granted without a wait
+	}
+	v, err := cmd.Int64Slice()
+	k := len(b.Keys)
+	if err != nil || len(v) != 2+k+2 {
+		return Grant{Trips: trips, Size: 1}, fmt.Errorf("%w: %v", redisx.ErrReply, cmd.Val())
+	}
+	return Grant{
+		Granted: v[0] == 1,
+		Wait:    time.Duration(v[1]) * time.Microsecond,
+		Tats:    v[2 : 2+k : 2+k],
+		Pause:   Pause{Since: v[2+k], Shifted: v[3+k]},
+		Trips:   trips,
+		Size:    1,
+	}, nil
+}
+
+// Refund hands back n tokens of a take identified by its tats.
+func (s *Store) Refund(ctx context.Context, b Bucket, n float64, tats []int64) error {
+	return s.do(ctx, b, "refund", s.argv.tokens(n), 0, tats)
+}
+
+// Probe rewrites b as it is, to learn whether the server accepts writes.
+func (s *Store) Probe(ctx context.Context, b Bucket) error {
+	return s.do(ctx, b, "probe", 0, 0, nil)
+}
+
+// Pause grants nothing from b for d, as a provider's Retry-After asks: the
+// bucket's one pause ends then at the latest, and the change is announced
+// on the control channel.
+func (s *Store) Pause(ctx context.Context, b Bucket, d time.Duration) error {
+	return s.do(ctx, b, "pause", max(d.Microseconds(), 1), s.channel, nil)
+}
+
+// Lower leaves every layer of b at most remaining tokens, never raising it.
+func (s *Store) Lower(ctx context.Context, b Bucket, remaining float64) error {
+	for _, lim := range b.Lims {
+		if remaining < lim.Burst {
+			return s.do(ctx, b, "lower", redisx.Num(remaining), 0, nil)
+		}
+	}
+	return nil // no layer holds more than that
+}
+
+// Adjust takes n more tokens from b at once, or gives -n back. A non-empty
+// id makes it count once however often it is sent (a client's retry after
+// a lost reply): the script remembers the ids of the last minute.
+func (s *Store) Adjust(ctx context.Context, b Bucket, n float64, id string) error {
+	withIDs := b
+	withIDs.Call = append(slices.Clip(b.Call), b.Keys[0]+SettledSuffix)
+	return s.do(ctx, withIDs, "adjust", redisx.Num(n), id, nil)
+}
+
+// SettledSuffix follows a bucket's key in the key of its settles' ids.
+const SettledSuffix = ":settled"
+
+// do runs an operation whose reply says nothing but success.
+func (s *Store) do(ctx context.Context, b Bucket, op string, x, y any, tats []int64) error {
+	cmd, _ := s.run(ctx, b, op, x, y, tats)
+	if err := cmd.Err(); err != nil {
+		return err
+	}
+	_, err := s.decode(cmd, b)
+	return err
+}
+
+// run runs the script on b's keys with ARGV op, x and y (see script.lua),
+// the clock, and each layer's rate, burst and tat.
+func (s *Store) run(ctx context.Context, b Bucket, op string, x, y any, tats []int64) (*redis.Cmd, int) {
+	return s.script.Run(ctx, b.Call, s.args(b, op, x, y, tats, 0)...)
+}
+
+// args returns the ARGV of run, with room for spare more.
+func (s *Store) args(b Bucket, op string, x, y any, tats []int64, spare int) []any {
+	args := make([]any, 0, 4+3*len(b.Lims)+spare)
+	args = append(args, op, x, y, s.Now())
+	for i, lim := range b.Lims {
+		var tat any = 0
+		if tats != nil {
+			tat = tats[i]
+		}
+		rate, burst := s.argv.limit(lim)
+		args = append(args, rate, burst, tat)
+	}
+	return args
+}
+
+// decode checks a table reply, {granted, wait, tat_1, ..., tat_k}.
+func (s *Store) decode(cmd *redis.Cmd, b Bucket) ([]int64, error) {
+	v, err := cmd.Int64Slice()
+	if err != nil || len(v) != 2+len(b.Keys) {
+		return nil, fmt.Errorf("%w: %v", redisx.ErrReply, cmd.Val())
+	}
+	return v, nil
+}
+
+// Now returns the ARGV the scripts read as the time: empty for the
+// server's clock, the callers' clock in microseconds otherwise.
+func (s *Store) Now() string {
+	if s.clock == nil {
+		return ""
+	}
+	return strconv.FormatInt(s.clock().UnixMicro(), 10)
+}
+
+// argvCache keeps the script arguments that most calls repeat (the Limits
+// in use, one token, the longest wait) formatted and boxed, so that a call
+// does not allocate them again.
+type argvCache struct {
+	one     any // "1"
+	maxWait int64
+	wait    any // maxWait, boxed
+
+	// limits maps a Limit to its rate and burst as the script reads them.
+	// Readers load it without a lock; a new Limit replaces it with a copy.
+	limits atomic.Pointer[map[Limit][2]any]
+	mu     sync.Mutex // serialises the copies
+}
+
+// maxCachedLimits bounds the cache: Limits come from configuration, and a
+// caller that makes new ones for every call gets them formatted each time.
+const maxCachedLimits = 1024
+
+func (c *argvCache) init(maxWait time.Duration) {
+	us := maxWait.Microseconds()
+	c.one, c.maxWait, c.wait = redisx.Num(1), us, us
+	c.limits.Store(&map[Limit][2]any{})
+}
+
+func (c *argvCache) tokens(n float64) any {
+	if n == 1 {
+		return c.one
+	}
+	return redisx.Num(n)
+}
+
+func (c *argvCache) micros(us int64) any {
+	if us == c.maxWait {
+		return c.wait
+	}
+	return us
+}
+
+// limit returns lim's rate and burst as the script reads them.
+func (c *argvCache) limit(lim Limit) (rate, burst any) {
+	if v, ok := (*c.limits.Load())[lim]; ok {
+		return v[0], v[1]
+	}
+	v := [2]any{redisx.Num(lim.Rate), redisx.Num(lim.Burst)}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	old := *c.limits.Load()
+	if _, ok := old[lim]; !ok && len(old) < maxCachedLimits {
+		m := make(map[Limit][2]any, len(old)+1)
+		maps.Copy(m, old)
+		m[lim] = v
+		c.limits.Store(&m)
+	}
+	return v[0], v[1]
+}
