@@ -1,6 +1,14 @@
 package quota
 
-import "fmt"
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/sharedquota/quota/internal/redisx"
+)
 
 // A Mode is how a Limiter grants tokens at the moment.
 type Mode int
@@ -111,3 +119,85 @@ func (p Policy) mode() Mode {
 	}
 	return p.degraded
 }
+
+// The breaker's timing: it repeats that Redis is unavailable at most every
+// remindEvery, and its probe goes on without a request for probeIdle
+// before it stops, so that an abandoned Limiter leaves nothing running
+// (variables for the tests).
+var (
+	remindEvery = time.Minute
+	probeIdle   = time.Minute
+)
+
+// trip tells the breaker that a call on b failed with err, which says that
+// Redis is unavailable.
+func (l *Limiter) trip(b bucket, err error) { l.breaker.Trip(b.Name, l.prober(b), err) }
+
+// degraded tells the breaker that the policy serves a request on b.
+func (l *Limiter) degraded(b bucket) { l.breaker.Touch(l.prober(b)) }
+
+// prober returns the breaker's question to Redis about b (see ask).
+func (l *Limiter) prober(b bucket) func(context.Context) error {
+	return func(ctx context.Context) error { return l.ask(ctx, b) }
+}
+
+// levelFor is ERROR where the outage stops or unlimits traffic, WARN where
+// the local fallback keeps it moving within the limit.
+func levelFor(m Mode) slog.Level {
+	if m == ModeLocal {
+		return slog.LevelWarn
+	}
+	return slog.LevelError
+}
+
+// describeMode says what the policy does to requests in mode m.
+func describeMode(m Mode, dryRun bool) string {
+	var s string
+	switch m {
+	case ModeLocal:
+		s = "requests now use this process's local share of each limit"
+	case ModeOpen:
+		s = "requests now pass UNLIMITED"
+	default:
+		s = "requests now fail"
+	}
+	if dryRun {
+		s += " (dry run: measured, not enforced)"
+	}
+	return s
+}
+
+// degradedWait serves a request by the Policy while Redis is unavailable,
+// taking only tokens available now when noWait is set, and returns how long
+// the request waited, or under dry run would have.
+func (l *Limiter) degradedWait(ctx context.Context, b bucket, n float64, mode Mode, noWait bool) (time.Duration, error) {
+	switch mode {
+	case ModeOpen:
+		l.breaker.Served()
+		return 0, nil
+	case ModeLocal:
+		return l.localWait(ctx, b, n, noWait)
+	}
+	l.breaker.Refused()
+	return 0, fmt.Errorf("%w: %w", ErrUnavailable, l.breaker.Cause())
+}
+
+// ask is the breaker's question to Redis: it returns nil when Redis
+// answered, even with an error that is not an outage (a script error,
+// missing rights), since that ends the outage too.
+func (l *Limiter) ask(ctx context.Context, b bucket) error {
+	redisx.ReloadCluster(ctx, l.store.Script().Client()) // learn of a failover now
+	err := l.store.Probe(ctx, b.Bucket)
+	if err != nil && errors.Is(l.classify(context.Background(), err), ErrUnavailable) {
+		return err
+	}
+	return nil
+}
+
+// classify turns an error of a Redis call into the error a caller gets
+// (see classify).
+func (l *Limiter) classify(ctx context.Context, err error) error {
+	return classify(ctx, err, l.store.Cluster())
+}
+
+func (l *Limiter) mode() Mode { return Mode(l.breaker.Mode()) }

@@ -1,0 +1,248 @@
+package quota
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/sharedquota/quota/internal/slots"
+)
+
+// refundTimeout bounds the Redis call that hands tokens back after a
+// cancelled wait; the caller does not wait for it.
+const refundTimeout = time.Second
+
+// limits is lim followed by its layers.
+func limits(lim Limit, layers []Limit) []Limit {
+	if len(layers) == 0 {
+		return []Limit{lim}
+	}
+	return append([]Limit{lim}, layers...)
+}
+
+// ask is what one acquisition asks for: n tokens from each of the layers
+// lims, and, when slots is above zero, one of the bucket's slots; at once
+// or not at all when noWait is set (AllowN, WithNoWait), failing with
+// ErrWouldWait otherwise.
+type ask struct {
+	n      float64
+	lims   []Limit
+	slots  int
+	noWait bool
+}
+
+// acquire serves an ask on the bucket called name: the one acquisition
+// path. It takes the slot first and then the tokens, so that the grant is
+// fresh when the request goes: a caller never sends on tokens taken before
+// it waited for a slot, and so never on a grant that a pause or a change
+// of the Limit overtook meanwhile. Under WithDryRun it records what it
+// would have done and returns at once, with an error only when ctx has
+// ended, holding a slot only if one was free.
+func (l *Limiter) acquire(ctx context.Context, name string, o ask) (_ *Slot, err error) {
+	ctx, span := l.obs.start(ctx, name, o.n)
+	span.mode, span.dryRun = l.mode(), l.cfg.dryRun
+	defer func() {
+		span.end(err)
+		if span.dryRun && err != nil && outcome(err) != outcomeCancelled {
+			err = nil // measured, not enforced
+		}
+	}()
+
+	b, err := l.bucket(name, o.lims)
+	if err != nil {
+		return nil, err
+	}
+	if b, err = l.controlled(ctx, &span, b); err != nil {
+		return nil, err
+	}
+	span.limit(b.limit(0))
+	if err := b.checkTokens(o.n); err != nil {
+		return nil, err
+	}
+	if o.slots == 0 {
+		return nil, l.waitTokens(ctx, &span, b, o)
+	}
+	if err := checkSlots(o.slots); err != nil {
+		return nil, err
+	}
+	// A pause the caller is to wait out, it waits out before it queues for
+	// a slot, so as not to hold one idle meanwhile.
+	if err := l.awaitPause(ctx, &span, b, &o); err != nil {
+		return nil, err
+	}
+	slot, err := l.acquireSlot(ctx, &span, b, o.slots, o.noWait || span.dryRun)
+	switch {
+	case err == slots.ErrNone && span.dryRun:
+		slot = nil // measured: it would have waited for a slot
+	case err == slots.ErrNone:
+		return nil, fmt.Errorf("%w: every one of %q's %d slots is in use", ErrWouldWait, name, o.slots)
+	case err != nil:
+		return nil, err
+	}
+	if err := l.waitTokens(ctx, &span, b, o); err != nil {
+		slot.Release()
+		return nil, err
+	}
+	return slot, nil
+}
+
+// waitTokens waits for o.n tokens of bucket b, under its control record as
+// the Limiter knows it when it asks. Every way back into its loop either
+// sleeps or changes mode: it never calls Redis twice without a pause.
+func (l *Limiter) waitTokens(ctx context.Context, span *waitSpan, b bucket, o ask) error {
+	name := b.Name
+	for {
+		if b.ctl != nil {
+			b = b.under(b.ctl)
+			span.limit(b.limit(0))
+		}
+		if err := b.checkTokens(o.n); err != nil {
+			return err
+		}
+		if err := l.awaitPause(ctx, span, b, &o); err != nil {
+			return err
+		}
+		if mode := l.mode(); mode != ModeShared {
+			span.mode = mode
+			l.degraded(b)
+			wait, err := l.degradedWait(ctx, b, o.n, mode, o.noWait)
+			span.wait = wait
+			if err == errAskAgain {
+				continue // slept MaxWait: Redis may be back by now
+			}
+			return err
+		}
+		maxWait, deadline := l.maxWait(ctx)
+		if o.noWait {
+			maxWait = 0
+		}
+		g, err := l.store.Take(ctx, b.Bucket, o.n, maxWait)
+		span.trips += g.Trips
+		if g.Size > 0 {
+			batchSize(ctx, g.Size)
+		}
+		if err != nil {
+			if cerr := l.classify(ctx, err); !errors.Is(cerr, ErrUnavailable) {
+				return cerr
+			}
+			l.trip(b, err)
+			continue // the policy serves this request too
+		}
+		l.workers.Heartbeat()
+		if g.Granted {
+			if l.cfg.policy.mode() == ModeLocal {
+				l.locals.Granted(b.Keys[0], g.Wait)
+			}
+			if span.dryRun {
+				span.wait = g.Wait
+				return nil
+			}
+			moved, err := l.sleepOn(ctx, b, g)
+			if err != nil {
+				tats := g.Tats
+				if moved != 0 && tats != nil {
+					tats = slices.Clone(tats)
+					for i := range tats {
+						tats[i] += moved.Microseconds()
+					}
+				}
+				go l.refund(context.WithoutCancel(ctx), b, o.n, tats)
+				if err == ErrWouldExceedDeadline {
+					return fmt.Errorf("%w: a pause moved %q's grant by %v", ErrWouldExceedDeadline, name, moved)
+				}
+				return err
+			}
+			return nil
+		}
+		if g.Wait < 0 {
+			// Paused until a resume, which the Limiter had not heard of:
+			// it reads the record, and waits for the pause as the callers
+			// after it will. Should the record say otherwise, it takes
+			// again minRetry later, not at once.
+			switch {
+			case o.noWait:
+				return fmt.Errorf("%w: %q is paused until resumed", ErrWouldWait, name)
+			case span.dryRun:
+				return nil
+			}
+			if b.ctl != nil {
+				sent, err := l.controls.ReadNow(ctx, b.ctl)
+				if sent {
+					span.trips++
+				}
+				if err != nil {
+					return l.classify(ctx, err)
+				}
+				if _, _, paused := b.ctl.Load().PausedAt(time.Now()); paused {
+					continue
+				}
+			}
+			if err := sleep(ctx, minRetry); err != nil {
+				return err
+			}
+			continue
+		}
+		switch {
+		case o.noWait:
+			return fmt.Errorf("%w: %q needs %v", ErrWouldWait, name, g.Wait)
+		case deadline:
+			return fmt.Errorf("%w: %q needs %v", ErrWouldExceedDeadline, name, g.Wait)
+		case span.dryRun:
+			// Enforced, the caller would sleep MaxWait and ask again: its
+			// wait would be about what the script replied, at least that.
+			span.wait = g.Wait
+			return nil
+		}
+		if err := sleep(ctx, maxWait); err != nil {
+			return err
+		}
+	}
+}
+
+// recordFailure records, under dry run, an acquisition that failed with
+// err before it had a bucket to take from.
+func (l *Limiter) recordFailure(ctx context.Context, err error) {
+	_, span := l.obs.start(ctx, "", 1)
+	span.mode, span.dryRun = l.mode(), l.cfg.dryRun
+	span.end(err)
+}
+
+// errAskAgain tells acquire that the policy slept MaxWait without granting.
+var errAskAgain = errors.New("quota: ask again")
+
+// refund hands n tokens taken at tats back to the bucket after the caller
+// gave up waiting for them.
+func (l *Limiter) refund(ctx context.Context, b bucket, n float64, tats []int64) {
+	ctx, cancel := context.WithTimeout(ctx, refundTimeout)
+	defer cancel()
+	if err := l.store.Refund(ctx, b.Bucket, n, tats); err == nil {
+		l.obs.refunds.Add(ctx, 1)
+	}
+}
+
+// maxWait returns how long the caller accepts to wait: until ctx's
+// deadline when it has one, however far, so that the caller keeps its
+// place in the queue; MaxWait otherwise. deadline tells which.
+func (l *Limiter) maxWait(ctx context.Context) (wait time.Duration, deadline bool) {
+	if d, ok := ctx.Deadline(); ok {
+		return max(time.Until(d), 0), true
+	}
+	return l.cfg.maxWait, false
+}
+
+// sleep waits for d or until ctx ends, whichever comes first.
+func sleep(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
