@@ -12,14 +12,7 @@
 -- zero or less when it already has. The first caller sets the instant;
 -- the key lingers one more ARGV[1] after it, then expires.
 
-local now = tonumber(ARGV[2])
-if not now then
-  if redis.replicate_commands then
-    redis.replicate_commands() -- lets TIME precede writes on Redis < 5
-  end
-  local t = redis.call('TIME')
-  now = t[1] * 1000000 + t[2]
-end
+local now = clock(ARGV[2]) -- the prelude's (internal/redisx)
 local delay = tonumber(ARGV[1])
 local at = tonumber(redis.call('GET', KEYS[1]))
 if not at then

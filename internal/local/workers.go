@@ -71,7 +71,7 @@ func (f *Workers) Heartbeat() {
 		defer cancel()
 		now := ""
 		if f.clock != nil {
-			now = strconv.FormatInt(f.clock().UnixMilli(), 10)
+			now = strconv.FormatInt(f.clock().UnixMicro(), 10)
 		}
 		cmd, _ := f.script.Run(ctx, []string{f.key}, f.id, BeatTTL.Milliseconds(), now)
 		if n, err := cmd.Int64(); err == nil {

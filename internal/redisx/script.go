@@ -7,6 +7,7 @@ package redisx
 import (
 	"context"
 	"crypto/sha1"
+	_ "embed"
 	"encoding/hex"
 	"errors"
 	"sync"
@@ -34,8 +35,13 @@ type Script struct {
 	priming chan struct{} // closed when the first call ends
 }
 
-// NewScript returns the Script of source src on rdb.
+//go:embed prelude.lua
+var prelude string
+
+// NewScript returns the Script of source src on rdb, after the prelude
+// (prelude.lua), whose functions every script of the library may call.
 func NewScript(rdb redis.Scripter, src string) *Script {
+	src = prelude + src
 	sum := sha1.Sum([]byte(src))
 	return &Script{rdb: rdb, src: src, sha: hex.EncodeToString(sum[:])}
 }
@@ -43,7 +49,7 @@ func NewScript(rdb redis.Scripter, src string) *Script {
 // Client returns the client the script runs on.
 func (s *Script) Client() redis.Scripter { return s.rdb }
 
-// Source returns the script's source.
+// Source returns the script's source, its prelude included.
 func (s *Script) Source() string { return s.src }
 
 // Run runs the script and returns its command and the number of Redis

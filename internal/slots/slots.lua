@@ -48,14 +48,7 @@ local n = tonumber(ARGV[2])
 local lease = tonumber(ARGV[3])
 local channel = ARGV[4]
 local held, waiting, queue = KEYS[1], KEYS[2], KEYS[3]
-local now = tonumber(ARGV[5])
-if not now then
-  if redis.replicate_commands then
-    redis.replicate_commands() -- lets TIME precede writes on Redis < 5
-  end
-  local t = redis.call('TIME')
-  now = t[1] * 1000000 + t[2]
-end
+local now = clock(ARGV[5]) -- the prelude's (internal/redisx)
 
 -- Leases that ended are gone, whoever held them.
 redis.call('ZREMRANGEBYSCORE', held, '-inf', now)

@@ -10,6 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sharedquota/quota/internal/redistest"
+	"github.com/sharedquota/quota/internal/redisx"
 )
 
 // TestRenewQueuesALapsedWaiterAtTheEnd: a waiter whose lease lapsed while
@@ -20,14 +21,15 @@ func TestRenewQueuesALapsedWaiterAtTheEnd(t *testing.T) {
 	ctx := context.Background()
 	key := "quota:{lapsed}"
 	keys := []string{key + HeldSuffix, key + WaitingSuffix, key + QueueSuffix}
-	script := redis.NewScript(slotsSource)
+	script := redisx.NewScript(rdb, slotsSource)
 	run := func(op string, ids ...string) []any {
 		t.Helper()
 		args := []any{op, 1, time.Minute.Microseconds(), "", ""}
 		for _, id := range ids {
 			args = append(args, id)
 		}
-		v, err := script.Run(ctx, rdb, keys, args...).Slice()
+		cmd, _ := script.Run(ctx, keys, args...)
+		v, err := cmd.Slice()
 		if err != nil {
 			t.Fatal(op, err)
 		}

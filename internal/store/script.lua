@@ -103,16 +103,7 @@
 -- record expires with its pause and its layers (see expire).
 
 local op = ARGV[1]
-local now = ARGV[4]
-if now == '' then
-  if redis.replicate_commands then
-    redis.replicate_commands() -- lets TIME precede writes on Redis < 5
-  end
-  local t = redis.call('TIME')
-  now = t[1] * 1000000 + t[2]
-else
-  now = tonumber(now)
-end
+local now = clock(ARGV[4]) -- the prelude's (internal/redisx)
 local k = #KEYS - 1
 if op == 'adjust' then
   k = k - 1

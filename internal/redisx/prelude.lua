@@ -1,0 +1,17 @@
+-- quota: the prelude of every script of the package, which NewScript puts
+-- before the script's own source.
+--
+-- clock(arg) returns now in microseconds: arg, the callers' clock, when it
+-- is a number, and the server's TIME otherwise (an empty ARGV).
+local function clock(arg)
+  local now = tonumber(arg)
+  if now then
+    return now
+  end
+  if redis.replicate_commands then
+    redis.replicate_commands() -- lets TIME precede writes on Redis < 5
+  end
+  local t = redis.call('TIME')
+  return t[1] * 1000000 + t[2]
+end
+
