@@ -5,13 +5,12 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
-	"io"
 	"math"
 	"net/http"
-	"runtime"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/sharedquota/quota/internal/request"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 )
@@ -92,7 +91,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	t.learn(req.Context(), name, lims, cost, resp)
 	if slot != nil {
-		holdSlot(resp, slot)
+		request.Hold(resp, slot.Release)
 	}
 	return resp, nil
 }
@@ -204,50 +203,6 @@ func (t *Transport) limitsFor(name string) []Limit {
 		return []Limit{lim}
 	}
 	return append([]Limit{lim}, t.cfg.layers...)
-}
-
-// holdSlot makes resp's body hold slot until it is closed or read to the
-// end, or garbage collected unclosed. A response without a body releases it
-// at once.
-func holdSlot(resp *http.Response, slot *Slot) {
-	if resp.Body == nil || resp.Body == http.NoBody {
-		slot.Release()
-		return
-	}
-	body := &slotBody{ReadCloser: resp.Body, slot: slot}
-	runtime.AddCleanup(body, (*Slot).Release, slot)
-	if w, ok := resp.Body.(io.Writer); ok {
-		// A 101 Switching Protocols body is also the connection's writer.
-		resp.Body = &slotBodyWriter{body, w}
-		return
-	}
-	resp.Body = body
-}
-
-// slotBody is a response body that releases its request's slot when it is
-// closed or read to the end.
-type slotBody struct {
-	io.ReadCloser
-	slot *Slot
-}
-
-func (b *slotBody) Read(p []byte) (int, error) {
-	n, err := b.ReadCloser.Read(p)
-	if err == io.EOF {
-		b.slot.Release()
-	}
-	return n, err
-}
-
-func (b *slotBody) Close() error {
-	err := b.ReadCloser.Close()
-	b.slot.Release()
-	return err
-}
-
-type slotBodyWriter struct {
-	*slotBody
-	io.Writer
 }
 
 func closeBody(req *http.Request) {
