@@ -1,5 +1,9 @@
 module github.com/sharedquota/quota
 
+// The oldest Go the module builds with is the newest its dependencies ask
+// for: go-redis v9.23, OpenTelemetry v1.47 and x/time v0.16 each declare
+// go 1.26.0. The package's own code needs Go 1.24 (runtime.AddCleanup),
+// its tests Go 1.25 (testing/synctest).
 go 1.26.0
 
 require (
