@@ -34,7 +34,7 @@ func TestMain(m *testing.M) {
 	if os.Getenv(workerEnv) != "" {
 		os.Exit(runWorker())
 	}
-	os.Exit(m.Run())
+	os.Exit(redistest.Main(m))
 }
 
 type quietLogger struct{}

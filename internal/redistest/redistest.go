@@ -530,8 +530,40 @@ func lookBinary(tb testing.TB, name, hint string) string {
 	if os.Getenv(RequireEnv) == "1" {
 		tb.Fatalf("%s; %s=1 requires it", msg, RequireEnv)
 	}
+	skipped.Store(tb.Name(), true)
 	tb.Skipf("%s; set %s=1 to fail instead of skipping", msg, RequireEnv)
 	return ""
+}
+
+// skipped holds the names of the tests skipped for want of a binary, for
+// Main.
+var skipped sync.Map
+
+// Main runs a package's tests as m.Run does and returns its exit code.
+// When tests were skipped for want of redis-server, it then says so once:
+// how many, and how to run them. It writes to the terminal when there is
+// one, since go test ./... shows nothing of a package that passed but its
+// summary line, and to stderr otherwise. Call it from TestMain:
+// os.Exit(redistest.Main(m)).
+func Main(m *testing.M) int {
+	code := m.Run()
+	n := 0
+	skipped.Range(func(any, any) bool { n++; return true })
+	if n > 0 {
+		var w io.Writer = os.Stderr
+		if tty, err := os.OpenFile("/dev/tty", os.O_WRONLY, 0); err == nil {
+			defer tty.Close()
+			w = tty
+		}
+		fmt.Fprintf(w, "\n"+
+			"**********************************************************************\n"+
+			"  %d test(s) SKIPPED: they need redis-server, which is not on PATH.\n"+
+			"  Nothing they check was checked. To run them: %s,\n"+
+			"  or run make test, which installs it on Debian.\n"+
+			"**********************************************************************\n\n",
+			n, serverInstallHint())
+	}
+	return code
 }
 
 // serverInstallHint tells how to install redis-server and redis-cli.

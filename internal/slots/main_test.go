@@ -1,0 +1,10 @@
+package slots
+
+import (
+	"os"
+	"testing"
+
+	"github.com/sharedquota/quota/internal/redistest"
+)
+
+func TestMain(m *testing.M) { os.Exit(redistest.Main(m)) }
