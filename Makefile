@@ -6,11 +6,15 @@
 # make e2e    the example in examples/jaeger against a real Jaeger, built once
 #             per machine into a cache outside the clone
 # make lint   gofmt, go vet and staticcheck on every module
+# make check  the development loop, under 90 s: the library's lint, then
+#             the fast tests (go test -short: miniredis and single real
+#             servers; the long, multi-process, Cluster and fault tests
+#             are left to make test)
 
 GO          ?= go
 STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
-.PHONY: demo test bench e2e lint redis
+.PHONY: demo test check bench e2e lint redis
 
 demo: redis
 	cd demo && $(GO) run . -out ../demo-out
@@ -28,6 +32,12 @@ test: redis lint
 	cd demo && QUOTA_REQUIRE_REDIS=1 $(GO) test -race -count=1 ./...
 	cd bench && QUOTA_REQUIRE_REDIS=1 $(GO) test -count=1 ./...
 	$(MAKE) e2e
+
+check: redis
+	@unformatted=$$(gofmt -l .); if [ -n "$$unformatted" ]; then echo "gofmt would change: $$unformatted"; exit 1; fi
+	$(GO) vet ./...
+	$(GO) run $(STATICCHECK) ./...
+	QUOTA_REQUIRE_REDIS=1 $(GO) test -short -race -count=1 ./...
 
 bench: redis
 	QUOTA_REQUIRE_REDIS=1 $(GO) test -run '^$$' -bench . -benchmem -count 8 .

@@ -39,6 +39,7 @@ func TestREADMEShowsTheACL(t *testing.T) {
 }
 
 func TestLeastPrivilegeUser(t *testing.T) {
+	redistest.Long(t)
 	srv := redistest.Start(t)
 	admin := srv.Client(t)
 	ctx := context.Background()

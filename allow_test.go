@@ -57,6 +57,7 @@ func allowAtOnce(t *testing.T, goroutines int, allow func() (bool, error)) (allo
 // The script grants exactly the burst to Allow calls racing for it, and a
 // call that is refused neither waits nor takes anything.
 func TestAllowGrantsTheBurstAndNeverWaits(t *testing.T) {
+	redistest.Long(t)
 	_, rdb := limiterServer(t)
 	l := NewLimiter(rdb)
 	ctx := context.Background()
@@ -97,6 +98,7 @@ func TestAllowGrantsTheBurstAndNeverWaits(t *testing.T) {
 }
 
 func TestAllowPausedBucket(t *testing.T) {
+	redistest.Long(t)
 	_, rdb := limiterServer(t)
 	l := NewLimiter(rdb)
 	ctx := context.Background()
@@ -175,6 +177,7 @@ func TestAllowInvalidInput(t *testing.T) {
 }
 
 func TestAllowPolicies(t *testing.T) {
+	redistest.Long(t)
 	ctx := context.Background()
 	lim := Limit{Rate: 20, Burst: 10}
 	for _, tc := range []struct {
@@ -308,6 +311,7 @@ func TestTransportNoWait(t *testing.T) {
 // A refusal WithNoWait is retried by retryablehttp after its backoff, by
 // which time the token has accrued.
 func TestNoWaitRetriedByRetryablehttp(t *testing.T) {
+	redistest.Long(t)
 	_, rdb := limiterServer(t)
 	prov, reached := countingServer(t)
 	tried := &attemptCounter{next: NewTransport(rdb, Limit{Rate: 5, Burst: 1}, WithNoWait())}

@@ -177,6 +177,7 @@ func (r *batchRig) start(name string, d time.Duration, n float64, lims ...Limit)
 // called, not once it has spent half a second queued: the deadline counts
 // from the call, queueing included.
 func TestBatchRefusesOnlyTheCallerPastItsDeadline(t *testing.T) {
+	redistest.Long(t)
 	r := newBatchRig(t)
 	lim := Limit{Rate: 1, Burst: 1}
 	r.hold.hold()
@@ -279,6 +280,7 @@ func TestBatchCallerLeavesTheQueue(t *testing.T) {
 // hands back its place; one with a caller queued behind it hands back
 // nothing, since that place is promised.
 func TestBatchRefundsOneCaller(t *testing.T) {
+	redistest.Long(t)
 	r := newBatchRig(t)
 	lim := Limit{Rate: 2, Burst: 1} // a token each 500 ms
 	key, _ := bucketKey(DefaultPrefix, "refund")
@@ -330,6 +332,7 @@ func TestBatchRefundsOneCaller(t *testing.T) {
 // Weighted takes on a bucket of layers, through the Limiter: a batch of
 // them waits exactly as the same takes one after another do.
 func TestBatchWeightedLayers(t *testing.T) {
+	redistest.Long(t)
 	clock := newStoppedClock()
 	r := newBatchRig(t, WithClock(clock.Now))
 	lims := []Limit{{Rate: 20, Burst: 3}, {Rate: 8, Burst: 6}}
@@ -369,6 +372,7 @@ func TestBatchWeightedLayers(t *testing.T) {
 // commands per grant with 50 goroutines and 0.6 with 200, with store.MaxHold set
 // to 0). The hold gathers the callers of the next 50 ms into one call.
 func TestBatchSwarmsHoldTheBound(t *testing.T) {
+	redistest.Long(t)
 	lim := Limit{Rate: 100, Burst: 10}
 	for _, goroutines := range []int{50, 200} {
 		t.Run(fmt.Sprint(goroutines), func(t *testing.T) {
@@ -442,6 +446,7 @@ func setMaxHold(t *testing.T, d time.Duration) {
 // delays nobody: the held caller's grant falls due one interval after the
 // end of the queue it found, as it would have sent at once.
 func TestHeldCallersShareACall(t *testing.T) {
+	redistest.Long(t)
 	setMaxHold(t, 400*time.Millisecond)
 	r := newBatchRig(t)
 	lim := Limit{Rate: 2, Burst: 1} // a token each 500 ms
@@ -509,6 +514,7 @@ func TestHeldCallRefusesAtOnce(t *testing.T) {
 // the pause to end, as callers that came during the pause do, instead of
 // taking tokens behind it.
 func TestHeldCallWaitsForAPause(t *testing.T) {
+	redistest.Long(t)
 	setMaxHold(t, 400*time.Millisecond)
 	r := newBatchRig(t)
 	lim := Limit{Rate: 2, Burst: 1}
@@ -571,6 +577,7 @@ func TestNeverHeld(t *testing.T) {
 // The ends of queues a store keeps are bounded however many names it
 // sees, the newest kept.
 func TestHorizonsAreBounded(t *testing.T) {
+	redistest.Long(t)
 	rdb := newServerClient(t)
 	l := NewLimiter(rdb)
 	lim := Limit{Rate: 0.001, Burst: 1} // the second take waits 1000 s
@@ -603,6 +610,7 @@ func TestHorizonsAreBounded(t *testing.T) {
 // too, without sending them: each goes to the policy at once rather than
 // waiting for a timeout of its own.
 func TestBatchSharesAnOutage(t *testing.T) {
+	redistest.Long(t)
 	r := newBatchRig(t, WithLogger(discardLogger()))
 	lim := Limit{Rate: 10, Burst: 1}
 	r.hold.hold()
@@ -623,6 +631,7 @@ func TestBatchSharesAnOutage(t *testing.T) {
 
 // A call serves at most store.MaxBatch takes; the rest go in the call after.
 func TestBatchIsBounded(t *testing.T) {
+	redistest.Long(t)
 	r := newBatchRig(t)
 	r.hold.hold()
 	callers := store.MaxBatch + 44

@@ -79,6 +79,7 @@ func slotOwners(t *testing.T, cc *redis.ClusterClient) func(slot int64) string {
 }
 
 func TestClusterClient(t *testing.T) {
+	redistest.Long(t)
 	cluster := redistest.StartCluster(t, 3, 1)
 	cc, admin := cluster.Client(t), cluster.Client(t)
 	cmds := newCmdCounter()
@@ -154,6 +155,7 @@ func TestClusterClient(t *testing.T) {
 }
 
 func TestNoScriptOnCluster(t *testing.T) {
+	redistest.Long(t)
 	cluster := redistest.StartCluster(t, 3, 1)
 	cc := cluster.Client(t)
 	cmds := newCmdCounter()
@@ -246,6 +248,7 @@ func TestNoScriptOnCluster(t *testing.T) {
 }
 
 func TestClusterAcrossProcesses(t *testing.T) {
+	redistest.Long(t)
 	cluster := redistest.StartCluster(t, 3, 1)
 	lim := Limit{Rate: 10, Burst: 5}
 	const procs = 3
@@ -265,6 +268,7 @@ func TestClusterAcrossProcesses(t *testing.T) {
 }
 
 func TestRingClient(t *testing.T) {
+	redistest.Long(t)
 	a, b := redistest.Start(t), redistest.Start(t)
 	ring := redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"a": a.Addr(), "b": b.Addr()}})
 	t.Cleanup(func() { _ = ring.Close() })
@@ -356,6 +360,7 @@ func TestRingClient(t *testing.T) {
 }
 
 func TestFailoverClient(t *testing.T) {
+	redistest.Long(t)
 	sentinel := redistest.StartSentinel(t)
 	rdb := sentinel.FailoverClient(t)
 	l := NewLimiter(rdb)

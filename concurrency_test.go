@@ -169,6 +169,7 @@ func TestAcquireSlotInvalid(t *testing.T) {
 // TestWaitersDoNotPoll: callers waiting for a slot send nothing while
 // they wait, however many; a release wakes the next.
 func TestWaitersDoNotPoll(t *testing.T) {
+	redistest.Long(t)
 	rdb := newServerClient(t)
 	cmds := newCmdCounter()
 	rdb.AddHook(cmds)
@@ -210,6 +211,7 @@ func TestWaitersDoNotPoll(t *testing.T) {
 }
 
 func TestTransportConcurrencyInProcess(t *testing.T) {
+	redistest.Long(t)
 	rdb := newServerClient(t)
 	p := &inFlight{latency: 20 * time.Millisecond}
 	srv := httptest.NewServer(p)
@@ -308,6 +310,7 @@ func (p *inFlight) arrivedIn(from, to time.Time) int {
 // request: it never sees more than 8 in flight, and serves close to
 // 8 / 200 ms, since a release hands its slot on at once.
 func TestConcurrencyAcrossProcesses(t *testing.T) {
+	redistest.Long(t)
 	srv := redistest.Start(t)
 	const slots, latency = 8, 200 * time.Millisecond
 	p := &inFlight{latency: latency}
@@ -339,6 +342,7 @@ func TestConcurrencyAcrossProcesses(t *testing.T) {
 // every slot renews nothing more, and its slots come back to a waiter
 // within the lease.
 func TestKilledHolderSlotsReturn(t *testing.T) {
+	redistest.Long(t)
 	srv := redistest.Start(t)
 	const slots, lease = 4, time.Second
 	p := &inFlight{hold: make(chan struct{})}
@@ -432,6 +436,7 @@ func TestRetryEachAttemptHoldsOneSlot(t *testing.T) {
 }
 
 func TestConcurrencyPolicies(t *testing.T) {
+	redistest.Long(t)
 	srv := redistest.Start(t)
 	rdb := srv.Client(t, func(o *redis.Options) { o.MaxRetries = -1; o.DialTimeout = 200 * time.Millisecond })
 	srv.Kill()
@@ -477,6 +482,7 @@ func TestConcurrencyPolicies(t *testing.T) {
 }
 
 func TestSlotTelemetry(t *testing.T) {
+	redistest.Long(t)
 	rdb := newServerClient(t)
 	tel := newTelemetry(t)
 	l := NewLimiter(rdb, tel.options()...)

@@ -26,6 +26,7 @@ import (
 // want of requests, the Limiter no longer reports the outage, and the next
 // request asks Redis itself.
 func TestQuietOutageEndsWithRedis(t *testing.T) {
+	redistest.Long(t)
 	srv := redistest.Start(t)
 	logs := &logRecorder{}
 	rdb := redis.NewClient(limiterOptions(srv.Addr()))
@@ -72,6 +73,7 @@ func TestQuietOutageEndsWithRedis(t *testing.T) {
 // A plain client pointed at one node of a Cluster is a mistake to report,
 // not an outage for the policy to hide.
 func TestClusterNodeWithPlainClient(t *testing.T) {
+	redistest.Long(t)
 	cl := redistest.StartCluster(t, 3, 0)
 	node := cl.Nodes()[0]
 	logs := &logRecorder{}
@@ -169,6 +171,7 @@ func TestSlowRedisDoesNotDelayTheResponse(t *testing.T) {
 // distinct names leaves the heap where a thousand left it, under every
 // policy, with Redis answering and with Redis down.
 func TestFloodOfNamesKeepsTheHeap(t *testing.T) {
+	redistest.Long(t)
 	for _, tc := range []struct {
 		policy Policy
 		down   bool

@@ -82,6 +82,7 @@ func failover(t *testing.T, ws []worker, kill func(rkey string)) {
 }
 
 func TestClusterFailover(t *testing.T) {
+	redistest.Long(t)
 	cluster := redistest.StartCluster(t, 3, 1)
 	ws := newWorkersOn(t, 4, Limit{Rate: 20, Burst: 8}, FallbackLocal(4), func() redis.Scripter {
 		return cluster.Client(t, func(o *redis.ClusterOptions) {
@@ -96,6 +97,7 @@ func TestClusterFailover(t *testing.T) {
 }
 
 func TestSentinelFailover(t *testing.T) {
+	redistest.Long(t)
 	s := redistest.StartSentinel(t)
 	ws := newWorkersOn(t, 4, Limit{Rate: 20, Burst: 8}, FallbackLocal(4), func() redis.Scripter {
 		return s.FailoverClient(t, func(o *redis.FailoverOptions) {

@@ -159,6 +159,7 @@ func checkTransitions(t *testing.T, ws []worker, level slog.Level) {
 }
 
 func TestFaultKilledAndRestarted(t *testing.T) {
+	redistest.Long(t)
 	srv := redistest.Start(t)
 	prov := newProvider(t)
 	lim := Limit{Rate: 20, Burst: 10}
@@ -215,6 +216,7 @@ func TestFaultKilledAndRestarted(t *testing.T) {
 // policy without asking Redis: the only Redis calls while it hangs are the
 // probe's.
 func TestFaultHung(t *testing.T) {
+	redistest.Long(t)
 	const readTimeout = 500 * time.Millisecond
 	for _, tc := range []struct {
 		name      string
@@ -388,6 +390,7 @@ func TestFaultFailOpen(t *testing.T) {
 // taken: the bucket under-issues, never over-issues. go-redis retries a
 // timed-out read MaxRetries times, and each retry can take them again.
 func TestFaultLostReply(t *testing.T) {
+	redistest.Long(t)
 	for _, tc := range []struct {
 		retries int
 		taken   int // tokens the lost reply costs

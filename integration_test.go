@@ -288,6 +288,7 @@ func warm(t *testing.T, rdb redis.UniversalClient, name string, n int) {
 }
 
 func TestSwarmNeverOverIssues(t *testing.T) {
+	redistest.Long(t)
 	rdb := newServerClient(t)
 	l := NewLimiter(rdb)
 	lim := Limit{Rate: 10, Burst: 5}
@@ -346,6 +347,7 @@ func checkCatchesNaive(t *testing.T, what string, grants []stamp, lim Limit) {
 }
 
 func TestSwarmCatchesNaiveGetThenSet(t *testing.T) {
+	redistest.Long(t)
 	rdb := newServerClient(t)
 	lim := Limit{Rate: 10, Burst: 5}
 	warm(t, rdb, "naive", 25)
@@ -359,6 +361,7 @@ func TestSwarmCatchesNaiveGetThenSet(t *testing.T) {
 }
 
 func TestSwarmWithLaggingCallerClocks(t *testing.T) {
+	redistest.Long(t)
 	rdb := newServerClient(t)
 	lim := Limit{Rate: 10, Burst: 5}
 	const skew = 300 * time.Millisecond
@@ -398,6 +401,7 @@ func TestSwarmWithLaggingCallerClocks(t *testing.T) {
 }
 
 func TestThroughputUnderSaturation(t *testing.T) {
+	redistest.Long(t)
 	rdb := newServerClient(t)
 	l := NewLimiter(rdb)
 	lim := Limit{Rate: 100, Burst: 10}
@@ -453,6 +457,7 @@ func TestThroughputUnderSaturation(t *testing.T) {
 }
 
 func TestReportedWaitIsExact(t *testing.T) {
+	redistest.Long(t)
 	rdb := newServerClient(t)
 	ctx := context.Background()
 	// take takes n tokens and returns the grant and what dueHook saw of it.
@@ -568,6 +573,7 @@ func TestReportedWaitIsExact(t *testing.T) {
 }
 
 func TestScriptFlushMidRun(t *testing.T) {
+	redistest.Long(t)
 	srv := redistest.Start(t)
 	rdb, admin := srv.Client(t), srv.Client(t)
 	logs := &logRecorder{}
@@ -912,6 +918,7 @@ func mergeStamps(reports []workerReport) []stamp {
 }
 
 func TestSwarmAcrossProcesses(t *testing.T) {
+	redistest.Long(t)
 	srv := redistest.Start(t)
 	lim := Limit{Rate: 10, Burst: 5}
 	reports := runWorkers(t, 3, workerSpec{Addr: srv.Addr(), Key: "procs", Limit: lim, Goroutines: 10, Duration: 3 * time.Second})
@@ -922,6 +929,7 @@ func TestSwarmAcrossProcesses(t *testing.T) {
 }
 
 func TestSwarmAcrossProcessesCatchesNaive(t *testing.T) {
+	redistest.Long(t)
 	srv := redistest.Start(t)
 	lim := Limit{Rate: 10, Burst: 5}
 	reports := runWorkers(t, 3, workerSpec{Addr: srv.Addr(), Key: "naive-procs", Limit: lim, Goroutines: 10, Duration: 2 * time.Second, Naive: true})
@@ -936,6 +944,7 @@ func TestSwarmAcrossProcessesCatchesNaive(t *testing.T) {
 // commands per grant with store.MaxHold set to 0); the hold gathers the callers
 // of its process that come in the next 50 ms.
 func TestCommandsPerGrantUnderContention(t *testing.T) {
+	redistest.Long(t)
 	srv := redistest.Start(t)
 	lim := Limit{Rate: 200, Burst: 20}
 	const procs, goroutines = 4, 50

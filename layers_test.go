@@ -56,12 +56,14 @@ func checkLayers(t *testing.T, reports []workerReport, layers []Limit) {
 }
 
 func TestLayersAcrossProcesses(t *testing.T) {
+	redistest.Long(t)
 	srv := redistest.Start(t)
 	reports := runWorkers(t, 3, workerSpec{Addr: srv.Addr(), Key: "layers", Limit: threeLayers[0], Layers: threeLayers[1:], Goroutines: 10, Duration: 3 * time.Second})
 	checkLayers(t, reports, threeLayers)
 }
 
 func TestLayersOnCluster(t *testing.T) {
+	redistest.Long(t)
 	cluster := redistest.StartCluster(t, 3, 1)
 	cc := cluster.Client(t)
 	l := NewLimiter(cc)
@@ -86,6 +88,7 @@ func TestLayersOnCluster(t *testing.T) {
 // more than the bucket allows in any window of their due instants, counted
 // in tokens.
 func TestWeightedAcrossProcesses(t *testing.T) {
+	redistest.Long(t)
 	srv := redistest.Start(t)
 	lim := Limit{Rate: 30, Burst: 15}
 	const cost = 3
@@ -104,6 +107,7 @@ func TestWeightedAcrossProcesses(t *testing.T) {
 // its headers read, three processes stop bursting after their first
 // requests; without them they spend the bucket's burst.
 func TestProviderHeadersAcrossProcesses(t *testing.T) {
+	redistest.Long(t)
 	const burst = 30
 	run := func(headers bool) int {
 		srv := redistest.Start(t)

@@ -56,6 +56,7 @@ func recordOp(t *testing.T, l *Limiter, name, op, x, y, channel string) {
 // (it stops listening after controlIdle unused) and whether or not the
 // resume's announcement reaches it.
 func TestParkedCallersHearTheResume(t *testing.T) {
+	redistest.Long(t)
 	setControlIdle(t, 400*time.Millisecond)
 	srv := redistest.Start(t)
 	for _, lost := range []bool{false, true} {
@@ -113,6 +114,7 @@ func TestParkedCallersHearTheResume(t *testing.T) {
 // rescales the queue the bucket owes, not the pause: the queue after the
 // resume is what the debt takes at the new rate.
 func TestLimitChangeDuringAPause(t *testing.T) {
+	redistest.Long(t)
 	srv := redistest.Start(t)
 	l := NewLimiter(srv.Client(t))
 	ctx := context.Background()
@@ -165,6 +167,7 @@ func TestLimitChangeDuringAPause(t *testing.T) {
 // TestNothingSpins counts the script calls of callers on a bucket blocked
 // for years, by a Limit or by a pause: every one sleeps between calls.
 func TestNothingSpins(t *testing.T) {
+	redistest.Long(t)
 	srv := redistest.Start(t)
 	for _, tc := range []struct {
 		name  string
@@ -267,6 +270,7 @@ func TestNothingSpins(t *testing.T) {
 // take their tokens once they hold it, so that what reaches the provider
 // keeps to the rate, and nothing reaches it inside a pause.
 func TestSlotWaitersKeepTheRate(t *testing.T) {
+	redistest.Long(t)
 	srv := redistest.Start(t)
 	p := &inFlight{latency: 2 * time.Second} // the provider holds each request 2s
 	provider := httptest.NewServer(p)
@@ -336,6 +340,7 @@ func TestSlotWaitersKeepTheRate(t *testing.T) {
 // by the same response as a Retry-After, leaves the pause whole; and a
 // give-back sent twice counts once.
 func TestGiveBackKeepsTheRetryAfter(t *testing.T) {
+	redistest.Long(t)
 	srv := redistest.Start(t)
 	var n atomic.Int64
 	var mu sync.Mutex
@@ -502,6 +507,7 @@ func TestSettleIsBounded(t *testing.T) {
 // and its callers already sleeping on grants learn of it within
 // control.WaitRefresh: at most rate x control.WaitRefresh of their grants go.
 func TestMissedAnnouncementBound(t *testing.T) {
+	redistest.Long(t)
 	srv := redistest.Start(t)
 	ls := fleetOf(t, srv, 2)
 	operator := NewLimiter(srv.Client(t))
@@ -530,6 +536,7 @@ func TestMissedAnnouncementBound(t *testing.T) {
 // sleepers, slot waiters and pauses, it holds one pub/sub connection; and
 // Transports that share it through WithLimiter add none.
 func TestOneSubscriptionPerLimiter(t *testing.T) {
+	redistest.Long(t)
 	srv := redistest.Start(t)
 	rdb := srv.Client(t)
 	l := NewLimiter(rdb)
@@ -728,6 +735,7 @@ func mustKey(t *testing.T, l *Limiter, name string) string {
 // moments, which a pause with no end then holds, learns of the resume
 // within a second although its announcement is lost.
 func TestShortSleeperHearsTheResume(t *testing.T) {
+	redistest.Long(t)
 	srv := redistest.Start(t)
 	l := NewLimiter(srv.Client(t))
 	operator := NewLimiter(srv.Client(t))

@@ -17,6 +17,7 @@ import (
 // its control record, and every key expires once its bucket is full again
 // (the record 10 s after its last read at most).
 func TestFloodOfHostsExpires(t *testing.T) {
+	redistest.Long(t)
 	srv := redistest.Start(t)
 	rdb, admin := srv.Client(t), srv.Client(t)
 	ctx := context.Background()

@@ -14,6 +14,7 @@ import (
 // changes the bucket while they run: an override of 20/s and its removal,
 // a pause of 2s, a pause forever and a resume, and status in between.
 func TestQuotaCommandsOnAFleet(t *testing.T) {
+	redistest.Long(t)
 	bin := quotaBinary(t)
 	srv := redistest.Start(t)
 	url := "redis://" + srv.Addr()

@@ -95,6 +95,7 @@ func lastRun(ts []time.Time, from time.Time, span time.Duration) time.Time {
 }
 
 func TestSetLimitReachesEveryLimiter(t *testing.T) {
+	redistest.Long(t)
 	srv := redistest.Start(t)
 	ls := fleetOf(t, srv, 3)
 	operator := NewLimiter(srv.Client(t))
@@ -152,6 +153,7 @@ type deaf struct{ redis.Scripter }
 // old one meanwhile. Its grants, spaced at the old pace, must not reach
 // the provider as a burst once it hears: they are taken again.
 func TestGrantsOutpacedByAChangeAreTakenAgain(t *testing.T) {
+	redistest.Long(t)
 	srv := redistest.Start(t)
 	stale := NewLimiter(deaf{srv.Client(t)})
 	operator := NewLimiter(srv.Client(t))
@@ -187,6 +189,7 @@ func TestGrantsOutpacedByAChangeAreTakenAgain(t *testing.T) {
 }
 
 func TestPauseHoldsEveryGrant(t *testing.T) {
+	redistest.Long(t)
 	srv := redistest.Start(t)
 	ls := fleetOf(t, srv, 3)
 	operator := NewLimiter(srv.Client(t))
@@ -429,6 +432,7 @@ func TestOverrideAppliesToTheFirstLayerOnly(t *testing.T) {
 }
 
 func TestControlReadsAreBounded(t *testing.T) {
+	redistest.Long(t)
 	srv := redistest.Start(t)
 	rdb := srv.Client(t)
 	cmds := newCmdCounter()

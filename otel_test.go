@@ -10,6 +10,7 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
+	"github.com/sharedquota/quota/internal/redistest"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
@@ -88,6 +89,7 @@ func (spanContextHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis
 }
 
 func TestWaitSpan(t *testing.T) {
+	redistest.Long(t)
 	tel := newTelemetry(t)
 	mr := miniredis.RunT(t)
 	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})

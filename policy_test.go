@@ -13,6 +13,7 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
+	"github.com/sharedquota/quota/internal/redistest"
 )
 
 // logRecorder is a slog.Handler that keeps every record.
@@ -123,6 +124,7 @@ func degradedMini(t *testing.T, p Policy) (*miniredis.Miniredis, *Limiter, *logR
 // waitForMode polls l until it is in mode m or d has passed.
 
 func TestPolicies(t *testing.T) {
+	redistest.Long(t)
 	ctx := context.Background()
 	lim := Limit{Rate: 100, Burst: 10}
 	for _, tc := range []struct {
@@ -202,6 +204,7 @@ func TestPolicies(t *testing.T) {
 }
 
 func TestOutageLogRecord(t *testing.T) {
+	redistest.Long(t)
 	mr, l, logs := degradedMini(t, FallbackLocal(3))
 	addr := mr.Addr()
 	mr.Close()
@@ -292,6 +295,7 @@ func TestClassify(t *testing.T) {
 }
 
 func TestCountingWorkers(t *testing.T) {
+	redistest.Long(t)
 	mr := miniredis.RunT(t)
 	policy := FallbackLocal(2).CountingWorkers()
 	var ls []*Limiter

@@ -12,6 +12,7 @@ import (
 
 	"github.com/hashicorp/go-retryablehttp"
 	"github.com/redis/go-redis/v9"
+	"github.com/sharedquota/quota/internal/redistest"
 )
 
 func TestRetryAfter(t *testing.T) {
@@ -121,6 +122,7 @@ func tokenAfter(t *testing.T, l *Limiter, name string, lim Limit, begun, ended t
 }
 
 func TestRetryAfterPausesTheFleet(t *testing.T) {
+	redistest.Long(t)
 	_, rdb, _ := newMini(t)
 	rdb.AddHook(dueHook{})
 	var status atomic.Int64
@@ -188,6 +190,7 @@ func TestMaxPause(t *testing.T) {
 // retryablehttp sleeps the Retry-After itself, and the bucket's pause ends
 // at the same instant: the retry waits once, not twice.
 func TestRetryAfterIsNotDoubledByRetryablehttp(t *testing.T) {
+	redistest.Long(t)
 	r := retryAfter429(t, PerSecond(100))
 	t.Logf("the retry came %v after the 429 with Retry-After: 1; its take waited %v", r.gap, r.retry.Wait)
 	// The retry's take comes when retryablehttp has slept the Retry-After

@@ -13,6 +13,7 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/hashicorp/go-retryablehttp"
 	"github.com/redis/go-redis/v9"
+	"github.com/sharedquota/quota/internal/redistest"
 )
 
 // attemptCounter wraps a RoundTripper and records when each attempt
@@ -84,6 +85,7 @@ func TestRetryEveryAttemptTakesAToken(t *testing.T) {
 }
 
 func TestRetryAfter429WaitsForATokenToo(t *testing.T) {
+	redistest.Long(t)
 	// One token, refilled every 2s: the retry, due 1s after the 429 by its
 	// Retry-After, still has to wait for its token. The pause moved the
 	// bucket's queue by its length, as every pause does: the token falls

@@ -100,6 +100,7 @@ func TestForgottenWaiterQueuesAgain(t *testing.T) {
 // waits, and the slot is free once the holder releases. The waiter must
 // take it within about a lease.
 func TestForgottenWaiterTakesAFreeSlot(t *testing.T) {
+	redistest.Long(t)
 	const lease = time.Second
 	srv := redistest.Start(t)
 	rdb := srv.Client(t)
@@ -166,6 +167,7 @@ func (*failRenewals) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.P
 // and once Redis answers, the abandoned ids no longer stand in the queue:
 // the slot released next goes to a caller that waits for it.
 func TestAbandonedWaitersLeaveTheQueue(t *testing.T) {
+	redistest.Long(t)
 	const lease = 3 * time.Second
 	srv := redistest.Start(t)
 	rdb := srv.Client(t)

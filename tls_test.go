@@ -26,6 +26,7 @@ import (
 // certificate, and checks that a client that does not trust it gets no
 // tokens.
 func TestTLS(t *testing.T) {
+	redistest.Long(t)
 	dir := t.TempDir()
 	ca, caKey := newCert(t, nil, nil, "quota test CA")
 	leaf, leafKey := newCert(t, ca, caKey, "127.0.0.1")

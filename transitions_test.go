@@ -92,6 +92,7 @@ func placed(l *Limiter, name string, i int, first chan struct{}) bool {
 // 7.5 s, longer than MaxWait; every caller's context allows 30 s, so each
 // gets its place at once and keeps it.
 func TestOverloadKeepsFirstComeFirstServed(t *testing.T) {
+	redistest.Long(t)
 	const callers = 150
 	lim := Limit{Rate: 20, Burst: 1}
 	queue := time.Duration(float64(callers-1) / lim.Rate * float64(time.Second))
@@ -174,6 +175,7 @@ func TestOverloadKeepsFirstComeFirstServed(t *testing.T) {
 // another Limiter's callers are already sleeping on behind it, each by the
 // pause, so that they keep their order and the bucket's rate.
 func TestPauseMovesSleepers(t *testing.T) {
+	redistest.Long(t)
 	t.Run("server", func(t *testing.T) {
 		srv := redistest.Start(t)
 		pauseMovesSleepers(t, srv.Client(t), srv.Client(t))
@@ -248,6 +250,7 @@ func pauseMovesSleepers(t *testing.T, rdb, other redis.UniversalClient) {
 // included, until the pause ends; then the queue resumes at the bucket's
 // rate, not all at once.
 func TestPauseReachesEveryProcess(t *testing.T) {
+	redistest.Long(t)
 	srv := redistest.Start(t)
 	var (
 		mu       sync.Mutex
@@ -322,6 +325,7 @@ type transition struct {
 // plus the local shares' bursts, and a jitter allowance of a tenth of a
 // second's rate for the callers' wake-ups on two busy cores.
 func TestTransitionsAcrossProcesses(t *testing.T) {
+	redistest.Long(t)
 	for _, tc := range []struct {
 		lim        Limit
 		goroutines int
@@ -381,6 +385,7 @@ func TestTransitionsAcrossProcesses(t *testing.T) {
 // bucket while another still spends its share: the second around the
 // recovery holds the rate, not the rate and the shares still in use.
 func TestFleetResumesTogether(t *testing.T) {
+	redistest.Long(t)
 	got, limit, spread := staggeredRecovery(t, true)
 	if spread > 100*time.Millisecond {
 		t.Errorf("the workers resumed %v apart, want together", spread)
@@ -394,6 +399,7 @@ func TestFleetResumesTogether(t *testing.T) {
 // workers that resume each on its own, as soon as each finds Redis,
 // without settling the shared bucket, break the bound of the test above.
 func TestFleetResumesTogetherCatchesWorkerByWorker(t *testing.T) {
+	redistest.Long(t)
 	got, limit, _ := staggeredRecovery(t, false)
 	if got <= limit {
 		t.Errorf("workers resuming one by one stayed within the bound: %d in a 1s window, bound %d", got, limit)
@@ -481,6 +487,7 @@ func histogram(ts []time.Time, from time.Time, w time.Duration) []int {
 // the bucket's channel still moves the grants its callers took before the
 // pause: listening begins by reading the pause in force.
 func TestPauseBeforeListening(t *testing.T) {
+	redistest.Long(t)
 	srv := redistest.Start(t)
 	a, b := NewLimiter(srv.Client(t)), NewLimiter(srv.Client(t))
 	lim := Limit{Rate: 10, Burst: 1}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/sharedquota/quota/internal/control"
+	"github.com/sharedquota/quota/internal/redistest"
 	"github.com/sharedquota/quota/internal/slots"
 	"github.com/sharedquota/quota/internal/store"
 )
@@ -280,6 +281,7 @@ func TestTransportDoesNotModifyRequest(t *testing.T) {
 }
 
 func TestTransportClosesBodyOnError(t *testing.T) {
+	redistest.Long(t)
 	_, rdb, _ := newMini(t)
 	base := roundTripFunc(func(r *http.Request) (*http.Response, error) {
 		t.Error("a refused request reached the base RoundTripper")
@@ -445,6 +447,7 @@ func TestRefundKeepsLaterCallersPlaces(t *testing.T) {
 }
 
 func TestMaxWaitAsksAgain(t *testing.T) {
+	redistest.Long(t)
 	_, rdb, cmds := newMini(t)
 	rdb.AddHook(dueHook{})
 	l := NewLimiter(rdb, WithMaxWait(100*time.Millisecond))

@@ -367,6 +367,7 @@ func TestRedisURL(t *testing.T) {
 // TestTLSURL: rediss:// turns TLS on; a server that does not speak it
 // is an error of Redis, exit 1.
 func TestTLSURL(t *testing.T) {
+	redistest.Long(t)
 	srv := redistest.Start(t)
 	code, _, errOut := quotaRun(map[string]string{"REDIS_URL": "rediss://" + srv.Addr()}, "status", "x")
 	if code != 1 || !strings.Contains(errOut, "redis at "+srv.Addr()) {
@@ -376,6 +377,7 @@ func TestTLSURL(t *testing.T) {
 
 // TestCluster: a comma-separated -redis is a Cluster's nodes.
 func TestCluster(t *testing.T) {
+	redistest.Long(t)
 	c := redistest.StartCluster(t, 3, 0)
 	ctx := context.Background()
 	l := quota.NewLimiter(c.Client(t))
@@ -400,6 +402,7 @@ func TestCluster(t *testing.T) {
 
 // TestUnreachable: no server at the address: exit 1, one line naming it.
 func TestUnreachable(t *testing.T) {
+	redistest.Long(t)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

@@ -7,6 +7,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/sharedquota/quota/internal/redistest"
 )
 
 // startEcho starts a TCP server on loopback that echoes every connection
@@ -163,6 +165,7 @@ func TestDelay(t *testing.T) {
 }
 
 func TestBlackhole(t *testing.T) {
+	redistest.Long(t)
 	t.Parallel()
 	p := New(t, startEcho(t))
 	live := dial(t, p.Addr())

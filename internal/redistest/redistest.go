@@ -775,3 +775,12 @@ func waitFor(timeout, interval time.Duration, cond func(ctx context.Context) err
 		time.Sleep(interval)
 	}
 }
+
+// Long skips the test under go test -short (make check): a test that
+// takes long, runs several processes or a Cluster, or kills servers.
+func Long(tb testing.TB) {
+	tb.Helper()
+	if testing.Short() {
+		tb.Skip("long: skipped under -short; make test runs it")
+	}
+}

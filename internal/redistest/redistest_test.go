@@ -47,6 +47,7 @@ func TestStartExtraArgs(t *testing.T) {
 }
 
 func TestKillRestart(t *testing.T) {
+	Long(t)
 	t.Parallel()
 	s := Start(t)
 	ctx := context.Background()
@@ -146,6 +147,7 @@ func TestLaunchOnTakenPort(t *testing.T) {
 }
 
 func TestCluster(t *testing.T) {
+	Long(t)
 	t.Parallel()
 	start := time.Now()
 	cl := StartCluster(t, 3, 1)
@@ -257,6 +259,7 @@ func TestCluster(t *testing.T) {
 }
 
 func TestSentinel(t *testing.T) {
+	Long(t)
 	t.Parallel()
 	start := time.Now()
 	s := StartSentinel(t)
@@ -387,6 +390,7 @@ const portHelperEnv = "REDISTEST_HELPER_LOCK_PORT"
 // TestPortsReservedAcrossProcesses checks that a port reserved by this
 // test binary cannot be reserved by another process until it is released.
 func TestPortsReservedAcrossProcesses(t *testing.T) {
+	Long(t)
 	p, err := reservePort()
 	if err != nil {
 		t.Fatal(err)

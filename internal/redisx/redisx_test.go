@@ -11,6 +11,7 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
+	"github.com/sharedquota/quota/internal/redistest"
 )
 
 func newMini(t *testing.T) (*miniredis.Miniredis, *redis.Client) {
@@ -133,6 +134,7 @@ func TestClassify(t *testing.T) {
 // TestListener: a listener hears what is published once it is ready,
 // tells when it started, and stops once unused for its idle time.
 func TestListener(t *testing.T) {
+	redistest.Long(t)
 	m, rdb := newMini(t)
 	ls := NewListener(rdb, "ch", 200*time.Millisecond)
 	got := make(chan string, 10)
