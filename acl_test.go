@@ -167,7 +167,7 @@ func TestLeastPrivilegeUser(t *testing.T) {
 			t.Fatalf("Wait without rights: err = %v, want ErrNoPermission", err)
 		}
 	}
-	if n.Mode() != ModeShared || len(nlogs.recs) != 0 {
+	if n.Mode() != ModeShared || nlogs.Len() != 0 {
 		t.Errorf("missing rights switched the mode to %v:\n%s", n.Mode(), nlogs)
 	}
 	if !Permanent(n.Wait(ctx, "api.example.com", PerSecond(100))) {

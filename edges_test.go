@@ -49,7 +49,7 @@ func TestQuietOutageEndsWithRedis(t *testing.T) {
 	// Nobody asks for a while: the probe stops, and the Limiter stops
 	// claiming an outage it no longer checks.
 	waitForMode(t, l, ModeShared, 10*time.Second)
-	if n := logs.count(slog.LevelWarn, "the next one asks Redis"); n != 1 {
+	if n := logs.Count(slog.LevelWarn, "the next one asks Redis"); n != 1 {
 		t.Errorf("%d records of the probe stopping, want 1:\n%s", n, logs)
 	}
 
@@ -97,7 +97,7 @@ func TestClusterNodeWithPlainClient(t *testing.T) {
 	if errors.Is(err, ErrUnavailable) || Permanent(err) != true {
 		t.Errorf("%v: an outage, or not permanent", err)
 	}
-	if l.Mode() != ModeShared || logs.count(slog.LevelError, "unavailable") != 0 {
+	if l.Mode() != ModeShared || logs.Count(slog.LevelError, "unavailable") != 0 {
 		t.Errorf("mode %v, logs:\n%s\nwant shared and no outage", l.Mode(), logs)
 	}
 
@@ -159,10 +159,10 @@ func TestSlowRedisDoesNotDelayTheResponse(t *testing.T) {
 	if failed != 1 {
 		t.Errorf("quota.update.failures{pause, unavailable} = %d, want 1", failed)
 	}
-	if n := logs.count(slog.LevelWarn, "a bucket update failed"); n != 1 {
+	if n := logs.Count(slog.LevelWarn, "a bucket update failed"); n != 1 {
 		t.Errorf("%d records of the failed update, want 1:\n%s", n, logs)
 	}
-	if n := logs.count(slog.LevelError, "Redis unavailable"); n != 1 {
+	if n := logs.Count(slog.LevelError, "Redis unavailable"); n != 1 {
 		t.Errorf("the failed update did not trip the breaker:\n%s", logs)
 	}
 }

@@ -39,13 +39,13 @@ func failover(t *testing.T, ws []worker, kill func(rkey string)) {
 	killed := time.Now()
 	var gap time.Duration
 	for i, w := range ws {
-		for w.logs.count(slog.LevelInfo, "available again") == 0 {
+		for w.logs.Count(slog.LevelInfo, "available again") == 0 {
 			if time.Since(killed) > 30*time.Second {
 				t.Fatalf("worker %d: not back on the shared bucket 30s after the kill (mode %v):\n%s", i, w.tr.Limiter().Mode(), w.logs)
 			}
 			time.Sleep(time.Millisecond)
 		}
-		r, _ := w.logs.last("available again")
+		r, _ := w.logs.Last("available again")
 		up := r.Time.Sub(killed)
 		gap = max(gap, up)
 		t.Logf("worker %d: outage found %v and shared again %v after the kill",

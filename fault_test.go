@@ -141,7 +141,7 @@ func drive(ws []worker, goroutines int, url string, stop <-chan struct{}) []resu
 // logTime returns when the first record containing msg was written.
 func logTime(t *testing.T, logs *logRecorder, msg string) time.Time {
 	t.Helper()
-	r, ok := logs.first(msg)
+	r, ok := logs.First(msg)
 	if !ok {
 		t.Fatalf("no record %q:\n%s", msg, logs)
 	}
@@ -151,7 +151,7 @@ func logTime(t *testing.T, logs *logRecorder, msg string) time.Time {
 func checkTransitions(t *testing.T, ws []worker, level slog.Level) {
 	t.Helper()
 	for i, w := range ws {
-		down, up := w.logs.count(level, "Redis unavailable"), w.logs.count(slog.LevelInfo, "available again")
+		down, up := w.logs.Count(level, "Redis unavailable"), w.logs.Count(slog.LevelInfo, "available again")
 		if down != 1 || up != 1 {
 			t.Errorf("worker %d: %d outage and %d recovery records, want one each:\n%s", i, down, up, w.logs)
 		}
@@ -381,7 +381,7 @@ func TestFaultFailOpen(t *testing.T) {
 	if n := len(prov.between(time.Time{}, time.Now())); n != 20 {
 		t.Errorf("%d requests reached the provider, want all 20", n)
 	}
-	if n := ws[0].logs.count(slog.LevelError, "UNLIMITED"); n != 1 {
+	if n := ws[0].logs.Count(slog.LevelError, "UNLIMITED"); n != 1 {
 		t.Errorf("%d records that requests pass unlimited, want 1:\n%s", n, ws[0].logs)
 	}
 }

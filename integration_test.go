@@ -590,7 +590,7 @@ func TestScriptFlushMidRun(t *testing.T) {
 	if len(grants) < 50 {
 		t.Errorf("%d grants, want about 80", len(grants))
 	}
-	if l.Mode() != ModeShared || len(logs.recs) > 0 {
+	if l.Mode() != ModeShared || logs.Len() > 0 {
 		t.Errorf("SCRIPT FLUSH changed the mode to %v:\n%s", l.Mode(), logs)
 	}
 }

@@ -7,19 +7,9 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/sharedquota/quota/internal/logtest"
 	"go.opentelemetry.io/otel/metric/noop"
 )
-
-func attrInt(r slog.Record, key string) int64 {
-	v := int64(-1)
-	r.Attrs(func(a slog.Attr) bool {
-		if a.Key == key {
-			v = a.Value.Int64()
-		}
-		return true
-	})
-	return v
-}
 
 // TestUpdateFailuresLoggedOnceAMinute: every failed update is counted, and
 // logged at most once a minute, with the failures since the last record.
@@ -32,11 +22,11 @@ func TestUpdateFailuresLoggedOnceAMinute(t *testing.T) {
 			u.failed(updatePause, errors.New("connection refused"))
 			time.Sleep(time.Second)
 		}
-		recs := logs.all("a bucket update failed")
+		recs := logs.All("a bucket update failed")
 		if len(recs) != 3 {
 			t.Fatalf("%d records of 180 failures in three minutes, want one a minute:\n%s", len(recs), logs)
 		}
-		if first, second := attrInt(recs[0], "earlier_failures"), attrInt(recs[1], "earlier_failures"); first != 0 || second != 59 {
+		if first, second := logtest.AttrInt(recs[0], "earlier_failures"), logtest.AttrInt(recs[1], "earlier_failures"); first != 0 || second != 59 {
 			t.Errorf("the records count %d and %d earlier failures, want 0 and 59", first, second)
 		}
 	})

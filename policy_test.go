@@ -6,94 +6,17 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
-	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
+	"github.com/sharedquota/quota/internal/logtest"
 	"github.com/sharedquota/quota/internal/redistest"
 )
 
-// logRecorder is a slog.Handler that keeps every record.
-type logRecorder struct {
-	mu   sync.Mutex
-	recs []slog.Record
-}
-
-func (h *logRecorder) Enabled(context.Context, slog.Level) bool { return true }
-func (h *logRecorder) WithAttrs([]slog.Attr) slog.Handler       { return h }
-func (h *logRecorder) WithGroup(string) slog.Handler            { return h }
-
-func (h *logRecorder) Handle(_ context.Context, r slog.Record) error {
-	h.mu.Lock()
-	h.recs = append(h.recs, r.Clone())
-	h.mu.Unlock()
-	return nil
-}
-
-// count returns how many records at level have a message containing msg.
-func (h *logRecorder) count(level slog.Level, msg string) int {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	n := 0
-	for _, r := range h.recs {
-		if r.Level == level && strings.Contains(r.Message, msg) {
-			n++
-		}
-	}
-	return n
-}
-
-// first returns the first record whose message contains msg.
-func (h *logRecorder) first(msg string) (slog.Record, bool) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	for _, r := range h.recs {
-		if strings.Contains(r.Message, msg) {
-			return r, true
-		}
-	}
-	return slog.Record{}, false
-}
-
-// all returns the records whose message contains msg.
-func (h *logRecorder) all(msg string) []slog.Record {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	var out []slog.Record
-	for _, r := range h.recs {
-		if strings.Contains(r.Message, msg) {
-			out = append(out, r)
-		}
-	}
-	return out
-}
-
-// last returns the last record whose message contains msg.
-func (h *logRecorder) last(msg string) (slog.Record, bool) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	for i := len(h.recs) - 1; i >= 0; i-- {
-		if strings.Contains(h.recs[i].Message, msg) {
-			return h.recs[i], true
-		}
-	}
-	return slog.Record{}, false
-}
-
-func (h *logRecorder) String() string {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	var b strings.Builder
-	for _, r := range h.recs {
-		b.WriteString(r.Level.String() + " " + r.Message)
-		r.Attrs(func(a slog.Attr) bool { b.WriteString(" " + a.String()); return true })
-		b.WriteString("\n")
-	}
-	return b.String()
-}
+// logRecorder keeps the records logged.
+type logRecorder = logtest.Recorder
 
 // limiterOptions are the go-redis options a limiter's client should have:
 // short timeouts and no retries, so that an outage is detected within one
@@ -190,10 +113,10 @@ func TestPolicies(t *testing.T) {
 			}
 			took := waitForMode(t, l, ModeShared, 3*time.Second)
 			t.Logf("shared again %v after Redis came back", took)
-			if n := logs.count(tc.level, "Redis unavailable"); n != 1 {
+			if n := logs.Count(tc.level, "Redis unavailable"); n != 1 {
 				t.Errorf("%d records at %v of the outage, want 1:\n%s", n, tc.level, logs)
 			}
-			if n := logs.count(slog.LevelInfo, "available again"); n != 1 {
+			if n := logs.Count(slog.LevelInfo, "available again"); n != 1 {
 				t.Errorf("%d recovery records, want 1:\n%s", n, logs)
 			}
 			if err := l.Wait(ctx, "k", lim); err != nil {
@@ -209,7 +132,7 @@ func TestOutageLogRecord(t *testing.T) {
 	addr := mr.Addr()
 	mr.Close()
 	_ = l.Wait(context.Background(), "api.example.com", PerSecond(10))
-	r, ok := logs.first("Redis unavailable")
+	r, ok := logs.First("Redis unavailable")
 	if !ok {
 		t.Fatal("no record of the outage")
 	}
@@ -234,7 +157,7 @@ func TestScriptErrorDoesNotSwitchMode(t *testing.T) {
 			t.Errorf("%s: err = %v, want ErrScript", key, err)
 		}
 	}
-	if l.Mode() != ModeShared || logs.count(slog.LevelError, "") != 0 {
+	if l.Mode() != ModeShared || logs.Count(slog.LevelError, "") != 0 {
 		t.Errorf("a script error switched the mode to %v:\n%s", l.Mode(), logs)
 	}
 }
@@ -247,7 +170,7 @@ func TestCallerCancelIsNotAnOutage(t *testing.T) {
 	if err := l.Wait(ctx, "k", PerSecond(1)); !errors.Is(err, context.Canceled) {
 		t.Errorf("err = %v, want context.Canceled", err)
 	}
-	if l.Mode() != ModeShared || len(logs.recs) != 0 {
+	if l.Mode() != ModeShared || logs.Len() != 0 {
 		t.Errorf("a cancelled caller switched the mode to %v", l.Mode())
 	}
 }

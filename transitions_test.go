@@ -450,7 +450,7 @@ func staggeredRecovery(t *testing.T, together bool) (got, limit int, spread time
 
 	var back []time.Time
 	for i, w := range ws {
-		r, ok := w.logs.last("available again")
+		r, ok := w.logs.Last("available again")
 		if !ok {
 			t.Fatalf("worker %d never found Redis again:\n%s", i, w.logs)
 		}

@@ -5,11 +5,12 @@ import (
 	"errors"
 	"log/slog"
 	"slices"
-	"strings"
 	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"github.com/sharedquota/quota/internal/logtest"
 )
 
 // The modes the tests open breakers in, and their names.
@@ -23,68 +24,7 @@ var modeNames = map[int32]string{Closed: "shared", local: "local", open: "open",
 
 const idle = time.Minute
 
-// logRecorder keeps the records logged.
-type logRecorder struct {
-	mu   sync.Mutex
-	recs []slog.Record
-}
-
-func (h *logRecorder) Enabled(context.Context, slog.Level) bool { return true }
-func (h *logRecorder) WithAttrs([]slog.Attr) slog.Handler       { return h }
-func (h *logRecorder) WithGroup(string) slog.Handler            { return h }
-
-func (h *logRecorder) Handle(_ context.Context, r slog.Record) error {
-	h.mu.Lock()
-	h.recs = append(h.recs, r.Clone())
-	h.mu.Unlock()
-	return nil
-}
-
-// count returns how many records at level have a message containing msg.
-func (h *logRecorder) count(level slog.Level, msg string) int {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	n := 0
-	for _, r := range h.recs {
-		if r.Level == level && strings.Contains(r.Message, msg) {
-			n++
-		}
-	}
-	return n
-}
-
-// first returns the first record whose message contains msg.
-func (h *logRecorder) first(msg string) (slog.Record, bool) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	for _, r := range h.recs {
-		if strings.Contains(r.Message, msg) {
-			return r, true
-		}
-	}
-	return slog.Record{}, false
-}
-
-func (h *logRecorder) String() string {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	var sb strings.Builder
-	for _, r := range h.recs {
-		sb.WriteString(r.Level.String() + " " + r.Message + "\n")
-	}
-	return sb.String()
-}
-
-func attrInt(r slog.Record, key string) int64 {
-	v := int64(-1)
-	r.Attrs(func(a slog.Attr) bool {
-		if a.Key == key {
-			v = a.Value.Int64()
-		}
-		return true
-	})
-	return v
-}
+type logRecorder = logtest.Recorder
 
 // newTestBreaker returns a breaker whose questions to Redis are answered
 // by answer, recording when each was asked.
@@ -147,14 +87,14 @@ func TestBreakerBacksOffAndReminds(t *testing.T) {
 		}
 		// One reminder a minute: at 1, 2, 3 and 4 minutes, and at 5 when
 		// the fifth minute's probe lands before the loop ends.
-		if n := logs.count(slog.LevelError, "still unavailable"); n < 4 || n > 5 {
+		if n := logs.Count(slog.LevelError, "still unavailable"); n < 4 || n > 5 {
 			t.Errorf("%d reminders in 5 minutes, want one a minute:\n%s", n, logs)
 		}
-		r, _ := logs.first("still unavailable")
-		if served := attrInt(r, "served"); served < 55 || served > 61 {
+		r, _ := logs.First("still unavailable")
+		if served := logtest.AttrInt(r, "served"); served < 55 || served > 61 {
 			t.Errorf("the first reminder says %d requests were served, want about 60", served)
 		}
-		if n := logs.count(slog.LevelError, "Redis unavailable"); n != 1 {
+		if n := logs.Count(slog.LevelError, "Redis unavailable"); n != 1 {
 			t.Errorf("%d records of the outage, want 1", n)
 		}
 		time.Sleep(2 * idle) // the probe stops
@@ -181,7 +121,7 @@ func TestBreakerCloses(t *testing.T) {
 		if len(order) != 2 || order[0] != "closing in local" || order[1] != "closed in shared" {
 			t.Errorf("callbacks ran as %q", order)
 		}
-		if logs.count(slog.LevelInfo, "available again") != 1 {
+		if logs.Count(slog.LevelInfo, "available again") != 1 {
 			t.Errorf("no record of the recovery:\n%s", logs)
 		}
 	})
@@ -208,7 +148,7 @@ func TestBreakerHalfOpensWhenIdle(t *testing.T) {
 		if len(asked()) != n {
 			t.Errorf("the probe asked %d more times after it stopped", len(asked())-n)
 		}
-		if logs.count(slog.LevelWarn, "the next one asks Redis") != 1 {
+		if logs.Count(slog.LevelWarn, "the next one asks Redis") != 1 {
 			t.Errorf("no record of the half-open breaker:\n%s", logs)
 		}
 	})
