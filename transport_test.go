@@ -493,6 +493,15 @@ func TestNoScriptFallsBackToEval(t *testing.T) {
 	if err := l.Wait(ctx, "k", PerSecond(100)); err != nil {
 		t.Fatal(err)
 	}
+	// Once it listens, the Limiter reads the record again in the
+	// background: let that read land before the script goes, so that the
+	// waits below are the first to find it gone.
+	<-l.events.Ready()
+	listening := l.events.Since()
+	e := l.controls.Lookup("quota:{k}")
+	eventually(t, 5*time.Second, "the read after listening", func() bool {
+		return !e.Reading() && e.Load().ReadAt().After(listening)
+	})
 	if err := rdb.ScriptFlush(ctx).Err(); err != nil {
 		t.Fatal(err)
 	}
