@@ -113,8 +113,8 @@ func ExampleNewTransport_regions() {
 		quota.WithLimits(map[string]quota.Limit{
 			"api.example.com/eu": {Rate: 5, Burst: 10},
 		}))
-	client := &http.Client{Transport: tr, Timeout: 30 * time.Second}
 	// end README
+	client := &http.Client{Transport: tr, Timeout: 30 * time.Second}
 
 	for _, region := range []string{"eu", "us"} {
 		req, _ := http.NewRequest("GET", "https://api.example.com/v1/geocode", nil)
@@ -175,7 +175,6 @@ func ExampleWithLayers() {
 func ExampleJoin() {
 	req := httptest.NewRequest("GET", "https://API.example.com:443/v1", nil)
 	req.Header.Set("X-Region", "eu")
-	// README:
 	for _, f := range []quota.KeyFunc{
 		quota.Host,
 		quota.Join(quota.Host, quota.Fixed("eu")),
@@ -186,8 +185,6 @@ func ExampleJoin() {
 		name, _ := f(req) // req is a GET of https://API.example.com:443/v1
 		fmt.Println(name)
 	}
-	// end README
-
 	// Output:
 	// api.example.com
 	// api.example.com/eu
@@ -198,13 +195,10 @@ func ExampleJoin() {
 
 // A Limit is a rate and a burst; the zero Burst means three seconds of rate.
 func ExampleLimit() {
-	// README:
 	fmt.Println(quota.PerMinute(300))
 	fmt.Println(quota.PerSecond(10))
 	fmt.Println(quota.Limit{Rate: 10, Burst: 5})
 	fmt.Println(quota.Limit{Rate: 1, Burst: 1e8}.Validate())
-	// end README
-
 	// Output:
 	// 5/s burst 15
 	// 10/s burst 30
