@@ -9,12 +9,20 @@
 // Most users want a Transport, set as an http.Client's Transport:
 //
 //	rdb := redis.NewClient(quota.RedisOptions("localhost:6379"))
-//	client := &http.Client{Transport: quota.NewTransport(rdb, quota.PerMinute(300))}
+//	defer rdb.Close()
+//
+//	client := &http.Client{
+//		Transport: quota.NewTransport(rdb, quota.PerMinute(300)),
+//		Timeout:   30 * time.Second, // bounds the wait for a token too
+//	}
 //
 // Each request then waits for a token from the bucket of its host (see
-// KeyFunc). A Limiter serves work that is not HTTP.
+// KeyFunc); the client's Timeout is the request's deadline, which keeps its
+// place in the bucket's queue. RedisOptions gives the limiter's client
+// short timeouts and no retries, so that an outage is found within one
+// call. A Limiter serves work that is not HTTP.
 //
-// Every acquisition costs one Redis round trip, however many callers
+// Every acquisition costs at most one Redis round trip, however many callers
 // contend: the script takes the tokens at once, letting the bucket run into
 // debt, and replies how long until they accrue. The caller sleeps that long
 // once and proceeds, so callers are served first come, first served across
@@ -35,7 +43,7 @@
 // (WithLayers, the layers of Limiter.WaitN).
 //
 // An operator can change a bucket's Limit and pause it at run time, for the
-// whole fleet (Limiter.SetLimit, Limiter.Pause, the quota command). A
+// whole fleet (Limiter.SetLimit, Limiter.Pause, the quotactl command). A
 // bucket has one pause, whoever set it, written into the bucket in Redis:
 // every take sees it in the script, whatever its Limiter has heard. Each
 // Limiter listens for changes on one subscription, and its callers that

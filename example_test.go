@@ -1,9 +1,7 @@
 package quota_test
 
 import (
-	"context"
 	"fmt"
-	"io"
 	"log"
 	"net/http"
 	"net/http/httptest"
@@ -15,9 +13,14 @@ import (
 )
 
 // The examples run against stand-ins, so that they print the same every
-// time: for the fleet's Redis (at "localhost:6379", say), a miniredis whose
-// clock stands still; for the provider, a server on this machine or a
-// RoundTripper that answers every request.
+// time: for the fleet's Redis, a miniredis whose clock stands still; for
+// the provider, a function that answers every request sent through
+// http.DefaultTransport, without a network.
+//
+// The code between a "// README:" line and the next "// end README" line
+// of an Example is a Go block of README.md or of a page under docs/, and
+// TestREADMEGoBlocksAreExamples checks that it is. The lines outside those
+// markers set up the stand-ins and print what the example shows.
 
 // standInRedis starts a stand-in for the fleet's Redis.
 func standInRedis() *miniredis.Miniredis {
@@ -29,36 +32,70 @@ func standInRedis() *miniredis.Miniredis {
 	return mr
 }
 
-// provider stands in for a provider's API: it answers every request with
-// 200 OK, without a network.
-type provider struct{}
-
-func (provider) RoundTrip(r *http.Request) (*http.Response, error) {
-	return &http.Response{StatusCode: http.StatusOK, Status: "200 OK", Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
-		Header: http.Header{}, Body: http.NoBody, Request: r}, nil
+// standInClient returns a client of the stand-in Redis with the options of
+// quota.RedisOptions, but timeouts long enough that a loaded test machine
+// does not pass for an outage.
+func standInClient(mr *miniredis.Miniredis) *redis.Client {
+	o := quota.RedisOptions(mr.Addr())
+	o.DialTimeout, o.ReadTimeout, o.WriteTimeout, o.PoolTimeout = 5*time.Second, 5*time.Second, 5*time.Second, 5*time.Second
+	return redis.NewClient(o)
 }
 
-// Every worker of the fleet builds the same client: together they send the
+// roundTripFunc is an http.RoundTripper made of a function.
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// standInProvider makes answer reply to every request sent through
+// http.DefaultTransport, the base RoundTripper of a Transport without
+// WithBase, until the returned function restores it. The Transport must be
+// made after the call.
+func standInProvider(answer func(w http.ResponseWriter, r *http.Request)) (restore func()) {
+	saved := http.DefaultTransport
+	http.DefaultTransport = roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		w := httptest.NewRecorder()
+		answer(w, r)
+		resp := w.Result()
+		resp.Request = r
+		return resp, nil
+	})
+	return func() { http.DefaultTransport = saved }
+}
+
+// ok answers 200 OK.
+func ok(w http.ResponseWriter, r *http.Request) {}
+
+// Every worker of the fleet runs the same program: together they send the
 // provider at most 300 requests a minute, however many workers run.
 func Example() {
 	redisServer := standInRedis()
 	defer redisServer.Close()
-	geocoder := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		fmt.Fprintf(w, "%s: 52.52N 13.40E\n", r.URL.Query().Get("q"))
-	}))
-	defer geocoder.Close()
+	defer standInProvider(ok)()
 
-	rdb := redis.NewClient(&redis.Options{Addr: redisServer.Addr()})
-	client := &http.Client{Transport: quota.NewTransport(rdb, quota.PerMinute(300))}
+	// README:
+	// One client per process, shared by every Transport and Limiter.
+	rdb := redis.NewClient(quota.RedisOptions("localhost:6379"))
+	// end README
+	rdb.Close()
+	rdb = standInClient(redisServer) // the stand-in instead of localhost:6379
+	// README:
+	defer rdb.Close()
 
-	resp, err := client.Get(geocoder.URL + "/v1/search?q=Berlin")
+	// At most 300 requests a minute to each host, across every worker.
+	client := &http.Client{
+		Transport: quota.NewTransport(rdb, quota.PerMinute(300)),
+		Timeout:   30 * time.Second, // bounds the wait for a token too
+	}
+
+	resp, err := client.Get("https://geocoder.example.com/v1/search?q=Berlin")
 	if err != nil {
 		log.Fatal(err)
 	}
 	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
-	fmt.Print(resp.Status, ", ", string(body))
-	// Output: 200 OK, Berlin: 52.52N 13.40E
+	fmt.Println(resp.Status)
+	// end README
+
+	// Output: 200 OK
 }
 
 // A provider that meters each region separately gets a bucket per host and
@@ -66,15 +103,17 @@ func Example() {
 func ExampleNewTransport_regions() {
 	redisServer := standInRedis()
 	defer redisServer.Close()
-	rdb := redis.NewClient(&redis.Options{Addr: redisServer.Addr()})
+	defer standInProvider(ok)()
+	rdb := standInClient(redisServer)
+	defer rdb.Close()
 
-	tr := quota.NewTransport(rdb, quota.PerSecond(10), // every other host
+	// README:
+	tr := quota.NewTransport(rdb, quota.PerSecond(10), // every bucket not listed
 		quota.WithKey(quota.Join(quota.Host, quota.Header("X-Region"))),
 		quota.WithLimits(map[string]quota.Limit{
 			"api.example.com/eu": {Rate: 5, Burst: 10},
-		}),
-		quota.WithBase(provider{}), // http.DefaultTransport unless set
-	)
+		}))
+	// end README
 	client := &http.Client{Transport: tr, Timeout: 30 * time.Second}
 
 	for _, region := range []string{"eu", "us"} {
@@ -104,14 +143,18 @@ func ExampleNewTransport_regions() {
 func ExampleWithLayers() {
 	redisServer := standInRedis()
 	defer redisServer.Close()
-	rdb := redis.NewClient(&redis.Options{Addr: redisServer.Addr()})
+	defer standInProvider(ok)()
+	rdb := standInClient(redisServer)
+	defer rdb.Close()
 
+	// README:
 	day := quota.PerDay(10000)
-	day.Burst = 1000 // a long window's layer may burst more than three seconds' worth
-	client := &http.Client{Transport: quota.NewTransport(rdb, quota.PerSecond(10),
-		quota.WithLayers(quota.PerMinute(300), day),
-		quota.WithBase(provider{}))}
+	day.Burst = 1000 // a day's layer may hold more than three seconds of rate
+	tr := quota.NewTransport(rdb, quota.PerSecond(10),
+		quota.WithLayers(quota.PerMinute(300), day))
+	// end README
 
+	client := &http.Client{Transport: tr, Timeout: 30 * time.Second}
 	resp, err := client.Get("https://api.example.com/v1/geocode")
 	if err != nil {
 		log.Fatal(err)
@@ -129,46 +172,36 @@ func ExampleWithLayers() {
 	// quota:{api.example.com}:ctl
 }
 
-// A Limiter gates work that is not an HTTP request: here, mail through a
-// relay that takes six a minute, three at once.
-func ExampleLimiter_Wait() {
-	redisServer := standInRedis()
-	defer redisServer.Close()
-	rdb := redis.NewClient(&redis.Options{Addr: redisServer.Addr()})
-	l := quota.NewLimiter(rdb)
-	relay := quota.PerMinute(6)
-	relay.Burst = 3
-
-	for mail := 1; mail <= 4; mail++ {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		err := l.Wait(ctx, "smtp-relay", relay)
-		cancel()
-		if err != nil {
-			// The wait would pass the deadline, or Redis is unavailable.
-			fmt.Printf("mail %d: %v\n", mail, err)
-			continue
-		}
-		fmt.Printf("mail %d: sent\n", mail) // send the mail
-	}
-	// Output:
-	// mail 1: sent
-	// mail 2: sent
-	// mail 3: sent
-	// mail 4: quota: wait would exceed the context deadline: "smtp-relay" needs 10s
-}
-
 func ExampleJoin() {
 	req := httptest.NewRequest("GET", "https://API.example.com:443/v1", nil)
+	req.Header.Set("X-Region", "eu")
 	for _, f := range []quota.KeyFunc{
 		quota.Host,
 		quota.Join(quota.Host, quota.Fixed("eu")),
+		quota.Join(quota.Host, quota.Header("X-Region")),
 		quota.Join(quota.Fixed("tenant-42"), quota.Host),
+		quota.Fixed("geocoder"),
 	} {
-		name, _ := f(req)
+		name, _ := f(req) // req is a GET of https://API.example.com:443/v1
 		fmt.Println(name)
 	}
 	// Output:
 	// api.example.com
 	// api.example.com/eu
+	// api.example.com/eu
 	// tenant-42/api.example.com
+	// geocoder
+}
+
+// A Limit is a rate and a burst; the zero Burst means three seconds of rate.
+func ExampleLimit() {
+	fmt.Println(quota.PerMinute(300))
+	fmt.Println(quota.PerSecond(10))
+	fmt.Println(quota.Limit{Rate: 10, Burst: 5})
+	fmt.Println(quota.Limit{Rate: 1, Burst: 1e8}.Validate())
+	// Output:
+	// 5/s burst 15
+	// 10/s burst 30
+	// 10/s burst 5
+	// quota: invalid limit: a burst of 1e+08 at 1/s takes longer than 8784h0m0s to fill
 }
