@@ -105,7 +105,9 @@ func (l *Limiter) awaitPause(ctx context.Context, span *waitSpan, b bucket, o *a
 			}
 			return ctx.Err()
 		case o.noWait:
-			return fmt.Errorf("%w: %q is paused %s", ErrWouldWait, b.Name, until)
+			// The script decides, with the record as it is now: a pause
+			// this Limiter knows of may have been resumed since.
+			return ctx.Err()
 		case hasDeadline && !forever && end.Sub(now) > maxWait:
 			return fmt.Errorf("%w: %q is paused %s", ErrWouldExceedDeadline, b.Name, until)
 		case !forever && end.Sub(now) <= maxWait:

@@ -203,5 +203,5 @@ func ExampleLimit() {
 	// 5/s burst 15
 	// 10/s burst 30
 	// 10/s burst 5
-	// quota: invalid limit: a burst of 1e+08 at 1/s takes longer than 8784h0m0s to fill
+	// quota: invalid limit: a burst of 1e+08 at 1/s takes longer than 366 days to fill
 }

@@ -71,7 +71,7 @@ func (l Limit) resolve() (Limit, error) {
 		return Limit{}, fmt.Errorf("%w: rate %v gives no finite default burst", ErrInvalidLimit, l.Rate)
 	}
 	if fill := l.Burst / l.Rate; !(fill <= maxFill.Seconds()) {
-		return Limit{}, fmt.Errorf("%w: a burst of %v at %v/s takes longer than %v to fill", ErrInvalidLimit, l.Burst, l.Rate, maxFill)
+		return Limit{}, fmt.Errorf("%w: a burst of %v at %v/s takes longer than %d days to fill", ErrInvalidLimit, l.Burst, l.Rate, int(maxFill.Hours()/24))
 	}
 	return l, nil
 }

@@ -773,3 +773,29 @@ func TestShortSleeperHearsTheResume(t *testing.T) {
 		t.Fatal("the sleeper still sleeps 5s after the resume")
 	}
 }
+
+// TestAllowAfterAnUnheardResume: a Limiter that read a pause with no end
+// grants Allow as soon as another resumes the bucket, announcement heard
+// or not: the script decides with the record as it is, not the Limiter
+// with what it read.
+func TestAllowAfterAnUnheardResume(t *testing.T) {
+	srv := redistest.Start(t)
+	l := NewLimiter(srv.Client(t))
+	operator := NewLimiter(srv.Client(t))
+	ctx := context.Background()
+	lim := PerSecond(10)
+	if err := operator.Pause(ctx, "unheard", Forever); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := l.Allow(ctx, "unheard", lim); ok || err != nil {
+		t.Fatalf("Allow during the pause = %v, %v; want false", ok, err)
+	}
+	e := l.controls.Lookup("quota:{unheard}")
+	if _, _, paused := e.Load().PausedAt(time.Now()); !paused {
+		t.Fatal("the Limiter did not read the pause: the test shows nothing")
+	}
+	recordOp(t, operator, "unheard", "resume", "", "", "") // announced to no one
+	if ok, err := l.Allow(ctx, "unheard", lim); !ok || err != nil {
+		t.Errorf("Allow just after the resume = %v, %v; want true", ok, err)
+	}
+}

@@ -18,8 +18,8 @@ import (
 //	rdb := redis.NewClient(quota.RedisOptions("localhost:6379"))
 //
 // Change the fields you need, such as Password or TLSConfig, before
-// redis.NewClient; for a Cluster, copy the timeouts and MaxRetries into
-// redis.ClusterOptions.
+// redis.NewClient; for a Cluster, copy the timeouts, MaxRetries and
+// DialerRetries into redis.ClusterOptions.
 func RedisOptions(addr string) *redis.Options {
 	const timeout = 100 * time.Millisecond
 	return &redis.Options{
