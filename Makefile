@@ -53,9 +53,9 @@ lint:
 	$(GO) run $(STATICCHECK) ./...
 	cd demo && $(GO) vet ./... && $(GO) run $(STATICCHECK) ./...
 	cd bench && $(GO) vet ./... && $(GO) run $(STATICCHECK) ./...
-	@# What a user's build compiles, the library's and the quota command's:
+	@# What a user's build compiles, the library's and the quotactl command's:
 	@# no SDK, no test or example module.
-	@if $(GO) list -deps . ./cmd/quota | grep -E '^(go.opentelemetry.io/otel/sdk|github.com/alicebob/miniredis|github.com/hashicorp/go-retryablehttp|github.com/yuin/gopher-lua)'; then \
+	@if $(GO) list -deps . ./cmd/quotactl | grep -E '^(go.opentelemetry.io/otel/sdk|github.com/alicebob/miniredis|github.com/hashicorp/go-retryablehttp|github.com/yuin/gopher-lua)'; then \
 		echo "the library imports a test-only module"; exit 1; fi
 
 redis:

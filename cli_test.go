@@ -10,19 +10,19 @@ import (
 	"time"
 )
 
-// quotaBinary builds cmd/quota into a temporary directory of t and returns
-// its path.
+// quotaBinary builds the command cmd/quotactl into a temporary directory of
+// t and returns its path.
 func quotaBinary(t *testing.T) string {
 	t.Helper()
-	bin := filepath.Join(t.TempDir(), "quota")
-	build := exec.Command("go", "build", "-o", bin, "./cmd/quota")
+	bin := filepath.Join(t.TempDir(), "quotactl")
+	build := exec.Command("go", "build", "-o", bin, "./cmd/quotactl")
 	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build ./cmd/quota: %v\n%s", err, out)
+		t.Fatalf("go build ./cmd/quotactl: %v\n%s", err, out)
 	}
 	return bin
 }
 
-// quotaCmd runs the quota binary with REDIS_URL set to redisURL and
+// quotaCmd runs the quotactl binary with REDIS_URL set to redisURL and
 // returns when it exited and what it printed; it fails the test unless it
 // exits 0.
 func quotaCmd(t *testing.T, bin, redisURL string, args ...string) (time.Time, string) {
@@ -34,7 +34,7 @@ func quotaCmd(t *testing.T, bin, redisURL string, args ...string) (time.Time, st
 	err := cmd.Run()
 	done := time.Now()
 	if err != nil {
-		t.Fatalf("quota %s: %v: %s", strings.Join(args, " "), err, errOut.String())
+		t.Fatalf("quotactl %s: %v: %s", strings.Join(args, " "), err, errOut.String())
 	}
 	return done, out.String()
 }

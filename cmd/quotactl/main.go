@@ -1,13 +1,15 @@
-// Command quota reads and changes, at runtime, the buckets that the
-// Limiters of package github.com/sharedquota/quota share in Redis.
+// Command quotactl reads and changes, at runtime, the buckets that the
+// Limiters of package github.com/sharedquota/quota share in Redis. It is
+// named after the control tools (systemctl, kubectl) so as not to be taken
+// for quota(1), the disk quota tool that many systems install as quota.
 //
 // Usage:
 //
-//	quota [-redis ADDR[,ADDR...]] [-prefix P] [-json] status NAME
-//	quota [flags] limit NAME RATE [BURST]
-//	quota [flags] limit NAME off
-//	quota [flags] pause NAME DURATION|forever
-//	quota [flags] resume NAME
+//	quotactl [-redis ADDR[,ADDR...]] [-prefix P] [-json] status NAME
+//	quotactl [flags] limit NAME RATE [BURST]
+//	quotactl [flags] limit NAME off
+//	quotactl [flags] pause NAME DURATION|forever
+//	quotactl [flags] resume NAME
 //
 // status shows the bucket called NAME: the Limit in force and the override,
 // if any; the tokens it holds and its queue as a duration; its pause; and
@@ -59,11 +61,11 @@ import (
 )
 
 const usage = `usage:
-  quota [-redis ADDR[,ADDR...]] [-prefix P] [-json] status NAME
-  quota [flags] limit NAME RATE [BURST]     RATE as 10/s, 300/m, 10000/d, or a number per second
-  quota [flags] limit NAME off              remove the override
-  quota [flags] pause NAME DURATION|forever
-  quota [flags] resume NAME
+  quotactl [-redis ADDR[,ADDR...]] [-prefix P] [-json] status NAME
+  quotactl [flags] limit NAME RATE [BURST]  RATE as 10/s, 300/m, 10000/d, or a number per second
+  quotactl [flags] limit NAME off           remove the override
+  quotactl [flags] pause NAME DURATION|forever
+  quotactl [flags] resume NAME
 
 flags:
   -redis ADDR[,ADDR...]  Redis host:port, a Cluster's nodes comma-separated,
@@ -75,7 +77,7 @@ flags:
 exit status: 0 done, 1 Redis failed, 2 bad usage
 `
 
-const hint = "run 'quota -h' for usage"
+const hint = "run 'quotactl -h' for usage"
 
 // Timeouts of the Redis client, and of the whole command.
 const (
@@ -124,12 +126,12 @@ func run(args []string, stdout, stderr io.Writer, getenv func(string) string) in
 		return 0
 	}
 	if err != nil {
-		fmt.Fprintf(stderr, "quota: %v\n%s\n", err, hint)
+		fmt.Fprintf(stderr, "quotactl: %v\n%s\n", err, hint)
 		return 2
 	}
 	rdb, addr, err := client(cmd.redis, getenv)
 	if err != nil {
-		fmt.Fprintf(stderr, "quota: %v\n%s\n", err, hint)
+		fmt.Fprintf(stderr, "quotactl: %v\n%s\n", err, hint)
 		return 2
 	}
 	defer rdb.Close()
@@ -138,10 +140,10 @@ func run(args []string, stdout, stderr io.Writer, getenv func(string) string) in
 	out, err := execute(ctx, rdb, cmd)
 	if err != nil {
 		if errors.Is(err, quota.ErrInvalidLimit) {
-			fmt.Fprintf(stderr, "quota: %v\n%s\n", err, hint)
+			fmt.Fprintf(stderr, "quotactl: %v\n%s\n", err, hint)
 			return 2
 		}
-		fmt.Fprintf(stderr, "quota: redis at %s: %v\n", addr, oneLine(err))
+		fmt.Fprintf(stderr, "quotactl: redis at %s: %v\n", addr, oneLine(err))
 		return 1
 	}
 	if cmd.json {
@@ -156,7 +158,7 @@ func run(args []string, stdout, stderr io.Writer, getenv func(string) string) in
 // parse parses the command line.
 func parse(args []string) (command, error) {
 	var cmd command
-	fs := flag.NewFlagSet("quota", flag.ContinueOnError)
+	fs := flag.NewFlagSet("quotactl", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	fs.StringVar(&cmd.redis, "redis", "", "")
 	fs.StringVar(&cmd.prefix, "prefix", quota.DefaultPrefix, "")
@@ -416,7 +418,7 @@ func execute(ctx context.Context, rdb redis.UniversalClient, cmd command) (outpu
 			return output{}, err
 		}
 		return output{
-			text: fmt.Sprintf("%s: limited to %s, burst %s, until %s\n", cmd.name, fmtRate(cmd.limit.Rate), fmtNum(cmd.limit.Burst), shellLine("quota", "limit", cmd.name, "off")),
+			text: fmt.Sprintf("%s: limited to %s, burst %s, until %s\n", cmd.name, fmtRate(cmd.limit.Rate), fmtNum(cmd.limit.Burst), shellLine("quotactl", "limit", cmd.name, "off")),
 			json: actionJSON{Name: cmd.name, Action: "limit", Override: limitJSON(&cmd.limit)},
 		}, nil
 	case "clear":
@@ -432,7 +434,7 @@ func execute(ctx context.Context, rdb redis.UniversalClient, cmd command) (outpu
 			return output{}, err
 		}
 		a := actionJSON{Name: cmd.name, Action: "pause"}
-		text := fmt.Sprintf("%s: paused until %s\n", cmd.name, shellLine("quota", "resume", cmd.name))
+		text := fmt.Sprintf("%s: paused until %s\n", cmd.name, shellLine("quotactl", "resume", cmd.name))
 		if cmd.pause == quota.Forever {
 			a.Forever = true
 		} else {

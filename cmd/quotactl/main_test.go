@@ -30,10 +30,10 @@ func mustRun(t *testing.T, env map[string]string, args ...string) string {
 	t.Helper()
 	code, out, errOut := quotaRun(env, args...)
 	if code != 0 {
-		t.Fatalf("quota %s: exit %d, stderr %q", strings.Join(args, " "), code, errOut)
+		t.Fatalf("quotactl %s: exit %d, stderr %q", strings.Join(args, " "), code, errOut)
 	}
 	if errOut != "" {
-		t.Errorf("quota %s: stderr %q", strings.Join(args, " "), errOut)
+		t.Errorf("quotactl %s: stderr %q", strings.Join(args, " "), errOut)
 	}
 	return out
 }
@@ -42,7 +42,7 @@ func TestHelp(t *testing.T) {
 	for _, args := range [][]string{{"-h"}, {"-help"}, {"help"}, {"-json", "help"}} {
 		code, out, errOut := quotaRun(nil, args...)
 		if code != 0 || !strings.HasPrefix(out, "usage:") || errOut != "" {
-			t.Errorf("quota %v: exit %d, stdout %q, stderr %q; want the usage on stdout, exit 0", args, code, out, errOut)
+			t.Errorf("quotactl %v: exit %d, stdout %q, stderr %q; want the usage on stdout, exit 0", args, code, out, errOut)
 		}
 	}
 }
@@ -96,9 +96,9 @@ func TestBadUsage(t *testing.T) {
 	} {
 		code, out, errOut := quotaRun(env, tc.args...)
 		lines := strings.Split(strings.TrimSuffix(errOut, "\n"), "\n")
-		if code != 2 || out != "" || len(lines) != 2 || !strings.HasPrefix(lines[0], "quota: ") ||
+		if code != 2 || out != "" || len(lines) != 2 || !strings.HasPrefix(lines[0], "quotactl: ") ||
 			!strings.Contains(lines[0], tc.want) || lines[1] != hint {
-			t.Errorf("quota %q: exit %d, stdout %q, stderr %q; want exit 2 and %q, then the hint", tc.args, code, out, errOut, tc.want)
+			t.Errorf("quotactl %q: exit %d, stdout %q, stderr %q; want exit 2 and %q, then the hint", tc.args, code, out, errOut, tc.want)
 		}
 	}
 }
@@ -136,22 +136,22 @@ func TestParseRate(t *testing.T) {
 	}
 }
 
-// statusOf runs quota -json status and decodes its object.
+// statusOf runs quotactl -json status and decodes its object.
 func statusOf(t *testing.T, env map[string]string, flags ...string) map[string]any {
 	t.Helper()
 	out := mustRun(t, env, append(append([]string{"-json"}, flags...), "status", "api.example.com")...)
 	if strings.Count(out, "\n") != 1 {
-		t.Errorf("quota -json status printed %q, want one line", out)
+		t.Errorf("quotactl -json status printed %q, want one line", out)
 	}
 	var m map[string]any
 	if err := json.Unmarshal([]byte(out), &m); err != nil {
-		t.Fatalf("quota -json status printed %q: %v", out, err)
+		t.Fatalf("quotactl -json status printed %q: %v", out, err)
 	}
 	return m
 }
 
 // TestCommands runs every subcommand against a redis-server and checks
-// what the package reads back, and what quota prints.
+// what the package reads back, and what quotactl prints.
 func TestCommands(t *testing.T) {
 	srv := redistest.Start(t)
 	ctx := context.Background()
@@ -195,7 +195,7 @@ func TestCommands(t *testing.T) {
 	}
 	got, err := l.Status(ctx, name)
 	if err != nil || got.Override == nil || *got.Override != (quota.Limit{Rate: 20, Burst: 5}) {
-		t.Fatalf("after quota limit 20/s 5, Status = %+v, %v", got, err)
+		t.Fatalf("after quotactl limit 20/s 5, Status = %+v, %v", got, err)
 	}
 	st = statusOf(t, env, flags...)
 	if !jsonEqual(st["override"], map[string]any{"rate": 20.0, "burst": 5.0}) || !jsonEqual(st["limit"], st["override"]) {
@@ -208,11 +208,11 @@ func TestCommands(t *testing.T) {
 	out := cmd("-json", "limit", name, "300/m")
 	if action, err = decode(out); err != nil || !jsonEqual(action, map[string]any{
 		"name": name, "action": "limit", "override": map[string]any{"rate": 5.0, "burst": 15.0}}) {
-		t.Errorf("quota -json limit 300/m printed %q", out)
+		t.Errorf("quotactl -json limit 300/m printed %q", out)
 	}
 	cmd("limit", name, "off")
 	if got, err := l.Status(ctx, name); err != nil || got.Override != nil || got.Limit.Rate != 100 {
-		t.Fatalf("after quota limit off, Status = %+v, %v", got, err)
+		t.Fatalf("after quotactl limit off, Status = %+v, %v", got, err)
 	}
 
 	// pause for a while, then forever, then resume
@@ -233,7 +233,7 @@ func TestCommands(t *testing.T) {
 	}
 	out = cmd("-json", "pause", name, "forever")
 	if action, err = decode(out); err != nil || !jsonEqual(action, map[string]any{"name": name, "action": "pause", "forever": true}) {
-		t.Errorf("quota -json pause forever printed %q", out)
+		t.Errorf("quotactl -json pause forever printed %q", out)
 	}
 	st = statusOf(t, env, flags...)
 	if st["paused"] != true || st["paused_forever"] != true || st["paused_until"] != nil || st["pause_left_seconds"] != nil || st["paused_since"] == nil {
@@ -243,17 +243,17 @@ func TestCommands(t *testing.T) {
 		t.Errorf("status printed\n%s", text)
 	}
 	if got, err := l.Status(ctx, name); err != nil || !got.Paused || !got.PausedUntil.IsZero() {
-		t.Fatalf("after quota pause forever, Status = %+v, %v", got, err)
+		t.Fatalf("after quotactl pause forever, Status = %+v, %v", got, err)
 	}
 	if ok, _ := l.Allow(ctx, name, quota.PerSecond(100)); ok {
 		t.Error("Allow granted a token while paused forever")
 	}
 	out = cmd("-json", "resume", name)
 	if action, err = decode(out); err != nil || !jsonEqual(action, map[string]any{"name": name, "action": "resume"}) {
-		t.Errorf("quota -json resume printed %q", out)
+		t.Errorf("quotactl -json resume printed %q", out)
 	}
 	if got, err := l.Status(ctx, name); err != nil || got.Paused {
-		t.Fatalf("after quota resume, Status = %+v, %v", got, err)
+		t.Fatalf("after quotactl resume, Status = %+v, %v", got, err)
 	}
 
 	// A provider's Retry-After is the bucket's pause too: status shows it
@@ -285,17 +285,17 @@ func TestCommands(t *testing.T) {
 	}
 	cmd("resume", host)
 	if got, err := l.Status(ctx, host); err != nil || got.Paused {
-		t.Errorf("after quota resume of a Retry-After pause, Status = %+v, %v", got, err)
+		t.Errorf("after quotactl resume of a Retry-After pause, Status = %+v, %v", got, err)
 	}
 
 	// Another prefix is another set of buckets.
 	other := quota.NewLimiter(srv.Client(t), quota.WithPrefix("tenant7:"))
 	cmd("-prefix", "tenant7:", "limit", name, "1/s")
 	if got, _ := other.Status(ctx, name); got.Override == nil || got.Override.Rate != 1 {
-		t.Errorf("quota -prefix tenant7: limit: Status under that prefix = %+v", got)
+		t.Errorf("quotactl -prefix tenant7: limit: Status under that prefix = %+v", got)
 	}
 	if got, _ := l.Status(ctx, name); got.Override != nil {
-		t.Errorf("quota -prefix tenant7: limit set an override under the default prefix")
+		t.Errorf("quotactl -prefix tenant7: limit set an override under the default prefix")
 	}
 	// An unknown bucket: nothing known, nothing invented.
 	st = statusOf(t, env, append(flags, "-prefix", "nobody:")...)
@@ -353,12 +353,12 @@ func TestRedisURL(t *testing.T) {
 	} {
 		code, out, errOut := quotaRun(tc.env, tc.args...)
 		if code != 1 || out != "" || strings.Count(errOut, "\n") != 1 || !strings.Contains(errOut, "redis at "+srv.Addr()+": ") || strings.Contains(errOut, pass) {
-			t.Errorf("quota %v with a wrong password: exit %d, stdout %q, stderr %q; want exit 1 and one line naming %s without the password", tc.args, code, out, errOut, srv.Addr())
+			t.Errorf("quotactl %v with a wrong password: exit %d, stdout %q, stderr %q; want exit 1 and one line naming %s without the password", tc.args, code, out, errOut, srv.Addr())
 		}
 	}
 	for _, u := range []string{"http://localhost:6379", "redis://:" + pass + "@localhost:port/0", "redis://:" + pass + "@localhost:6379/db"} {
 		code, _, errOut := quotaRun(map[string]string{"REDIS_URL": u}, "status", "x")
-		if code != 2 || !strings.HasPrefix(errOut, "quota: bad REDIS_URL: ") || strings.Count(errOut, "\n") != 2 || strings.Contains(errOut, pass) {
+		if code != 2 || !strings.HasPrefix(errOut, "quotactl: bad REDIS_URL: ") || strings.Count(errOut, "\n") != 2 || strings.Contains(errOut, pass) {
 			t.Errorf("REDIS_URL=%s: exit %d, stderr %q; want exit 2, the reason without the password", u, code, errOut)
 		}
 	}
@@ -424,14 +424,14 @@ func TestUnreachable(t *testing.T) {
 		start := time.Now()
 		code, out, errOut := quotaRun(tc.env, tc.args...)
 		took := time.Since(start)
-		if code != 1 || out != "" || strings.Count(errOut, "\n") != 1 || !strings.HasPrefix(errOut, "quota: redis at "+tc.name+": ") ||
+		if code != 1 || out != "" || strings.Count(errOut, "\n") != 1 || !strings.HasPrefix(errOut, "quotactl: redis at "+tc.name+": ") ||
 			!strings.Contains(errOut, "unavailable") || strings.Contains(errOut, ":pw@") {
-			t.Errorf("quota %v with nothing at %s: exit %d, stdout %q, stderr %q; want exit 1 and one line naming the address", tc.args, addr, code, out, errOut)
+			t.Errorf("quotactl %v with nothing at %s: exit %d, stdout %q, stderr %q; want exit 1 and one line naming the address", tc.args, addr, code, out, errOut)
 		}
 		if took > overall+time.Second {
-			t.Errorf("quota %v took %v, want at most %v", tc.args, took, overall)
+			t.Errorf("quotactl %v took %v, want at most %v", tc.args, took, overall)
 		}
-		t.Logf("quota %v: exit %d after %v: %s", tc.args, code, took.Round(time.Millisecond), strings.TrimSpace(errOut))
+		t.Logf("quotactl %v: exit %d after %v: %s", tc.args, code, took.Round(time.Millisecond), strings.TrimSpace(errOut))
 	}
 }
 
@@ -440,11 +440,11 @@ func TestShellLine(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"quota", "resume", "api.example.com"}, "quota resume api.example.com"},
-		{[]string{"quota", "resume", "my bucket"}, "quota resume 'my bucket'"},
-		{[]string{"quota", "limit", "it's", "off"}, `quota limit 'it'\''s' off`},
-		{[]string{"quota", "resume", "$(rm -rf /)"}, "quota resume '$(rm -rf /)'"},
-		{[]string{"quota", "resume", ""}, "quota resume ''"},
+		{[]string{"quotactl", "resume", "api.example.com"}, "quotactl resume api.example.com"},
+		{[]string{"quotactl", "resume", "my bucket"}, "quotactl resume 'my bucket'"},
+		{[]string{"quotactl", "limit", "it's", "off"}, `quotactl limit 'it'\''s' off`},
+		{[]string{"quotactl", "resume", "$(rm -rf /)"}, "quotactl resume '$(rm -rf /)'"},
+		{[]string{"quotactl", "resume", ""}, "quotactl resume ''"},
 	} {
 		if got := shellLine(tc.args...); got != tc.want {
 			t.Errorf("shellLine(%q) = %s, want %s", tc.args, got, tc.want)
