@@ -5,7 +5,7 @@
 //
 // Usage:
 //
-//	quotactl [-redis ADDR[,ADDR...]] [-prefix P] [-json] status NAME
+//	quotactl [flags] status NAME
 //	quotactl [flags] limit NAME RATE [BURST]
 //	quotactl [flags] limit NAME off
 //	quotactl [flags] pause NAME DURATION|forever
@@ -27,7 +27,10 @@
 // queued included, for DURATION (a Go duration: 30s, 5m, 1h30m) or until
 // resume when it is "forever". resume ends a pause early.
 //
-// The flags come before the subcommand:
+// The flags may come before the subcommand, after it, or among its
+// arguments: "quotactl status api -json" is "quotactl -json status api".
+// A "--" ends them, so that a NAME beginning with "-" can follow it:
+// "quotactl status -- -api".
 //
 //	-redis ADDR   the Redis server, host:port; a comma-separated list means
 //	              the nodes of a Redis Cluster; a redis:// or rediss:// URL
@@ -61,13 +64,13 @@ import (
 )
 
 const usage = `usage:
-  quotactl [-redis ADDR[,ADDR...]] [-prefix P] [-json] status NAME
+  quotactl [flags] status NAME
   quotactl [flags] limit NAME RATE [BURST]  RATE as 10/s, 300/m, 10000/d, or a number per second
   quotactl [flags] limit NAME off           remove the override
   quotactl [flags] pause NAME DURATION|forever
   quotactl [flags] resume NAME
 
-flags:
+flags, before or after the subcommand and its arguments ("--" ends them):
   -redis ADDR[,ADDR...]  Redis host:port, a Cluster's nodes comma-separated,
                          or a redis:// or rediss:// URL
                          (default $REDIS_URL, else localhost:6379)
@@ -163,13 +166,13 @@ func parse(args []string) (command, error) {
 	fs.StringVar(&cmd.redis, "redis", "", "")
 	fs.StringVar(&cmd.prefix, "prefix", quota.DefaultPrefix, "")
 	fs.BoolVar(&cmd.json, "json", false, "")
-	if err := fs.Parse(args); err != nil {
+	rest, err := parseFlags(fs, args)
+	if err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return cmd, err
 		}
 		return cmd, usageError{err.Error()}
 	}
-	rest := fs.Args()
 	if len(rest) == 0 {
 		return cmd, badUsage("no subcommand: want status, limit, pause or resume")
 	}
@@ -223,6 +226,42 @@ func parse(args []string) (command, error) {
 		return cmd, badUsage("unknown subcommand %q: want status, limit, pause or resume", cmd.op)
 	}
 	return cmd, nil
+}
+
+// parseFlags parses the flags of fs wherever they stand in args, before the
+// subcommand or among its arguments, and returns the other arguments in
+// their order. A "--" ends the flags: every argument after it is one of the
+// others, so that a name may begin with "-".
+func parseFlags(fs *flag.FlagSet, args []string) ([]string, error) {
+	var rest []string
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		if a == "--" {
+			return append(rest, args[i+1:]...), nil
+		}
+		// "-" and a negative number are arguments: no flag's name begins
+		// with a digit.
+		if len(a) < 2 || a[0] != '-' || '0' <= a[1] && a[1] <= '9' {
+			rest = append(rest, a)
+			continue
+		}
+		// One flag, and the argument after it when that is its value.
+		n := 1
+		name, _, hasValue := strings.Cut(strings.TrimLeft(a, "-"), "=")
+		if f := fs.Lookup(name); f != nil && !hasValue && !isBool(f) && i+1 < len(args) {
+			n = 2
+		}
+		if err := fs.Parse(args[i : i+n]); err != nil {
+			return nil, err
+		}
+		i += n - 1
+	}
+	return rest, nil
+}
+
+func isBool(f *flag.Flag) bool {
+	b, ok := f.Value.(interface{ IsBoolFlag() bool })
+	return ok && b.IsBoolFlag()
 }
 
 // parseRate parses 10/s, 300/m, 20/h, 10000/d or a number per second.

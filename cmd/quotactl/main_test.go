@@ -60,7 +60,12 @@ func TestBadUsage(t *testing.T) {
 		{[]string{"-nosuchflag", "status", "x"}, "flag provided but not defined"},
 		{[]string{"-redis"}, "flag needs an argument"},
 		{[]string{"stats", "x"}, `unknown subcommand "stats"`},
-		{[]string{"status", "x", "-json"}, `unexpected argument "-json"`}, // flags come first
+		{[]string{"status", "x", "--", "-json"}, `unexpected argument "-json"`}, // no flag after --
+		{[]string{"status", "x", "-nosuchflag"}, "flag provided but not defined: -nosuchflag"},
+		{[]string{"status", "x", "-redis"}, "flag needs an argument: -redis"},
+		{[]string{"status", "x", "-json=maybe"}, `invalid boolean value "maybe" for -json`},
+		{[]string{"status", "--"}, "missing arguments"},
+		{[]string{"--", "-json", "status", "x"}, `unknown subcommand "-json"`},
 		{[]string{"status"}, "missing arguments"},
 		{[]string{"status", ""}, "name is empty"},
 		{[]string{"status", "a", "b"}, `unexpected argument "b"`},
@@ -69,7 +74,9 @@ func TestBadUsage(t *testing.T) {
 		{[]string{"limit", "x", "fast"}, `bad rate "fast"`},
 		{[]string{"limit", "x", "10/w"}, `bad rate "10/w"`},
 		{[]string{"limit", "x", "0/s"}, `bad rate "0/s"`},
-		{[]string{"limit", "x", "-5"}, `bad rate "-5"`},
+		{[]string{"limit", "x", "-5"}, `bad rate "-5"`}, // a number, not a flag
+		{[]string{"limit", "x", "--", "-5/s"}, `bad rate "-5/s"`},
+		{[]string{"limit", "x", "-x5"}, "flag provided but not defined: -x5"},
 		{[]string{"limit", "x", "NaN"}, `bad rate "NaN"`},
 		{[]string{"limit", "x", "Inf/s"}, `bad rate "Inf/s"`},
 		{[]string{"limit", "x", "/s"}, `bad rate "/s"`},
@@ -93,12 +100,50 @@ func TestBadUsage(t *testing.T) {
 		{[]string{"-redis", "localhost", "status", "x"}, `bad -redis address "localhost"`},
 		{[]string{"-redis", "a:1,b", "status", "x"}, `bad -redis address "b"`},
 		{[]string{"-redis", "http://localhost:6379", "status", "x"}, "bad -redis"},
+		{[]string{"status", "x", "-redis", "localhost"}, `bad -redis address "localhost"`},
 	} {
 		code, out, errOut := quotaRun(env, tc.args...)
 		lines := strings.Split(strings.TrimSuffix(errOut, "\n"), "\n")
 		if code != 2 || out != "" || len(lines) != 2 || !strings.HasPrefix(lines[0], "quotactl: ") ||
 			!strings.Contains(lines[0], tc.want) || lines[1] != hint {
 			t.Errorf("quotactl %q: exit %d, stdout %q, stderr %q; want exit 2 and %q, then the hint", tc.args, code, out, errOut, tc.want)
+		}
+	}
+}
+
+// TestFlagsAnywhere: the flags are the same before the subcommand, after
+// it and among its arguments, with a value after a space or an "=", and a
+// "--" ends them.
+func TestFlagsAnywhere(t *testing.T) {
+	want := command{redis: "h:1", prefix: "p:", json: true, op: "status", name: "api"}
+	for _, args := range [][]string{
+		{"-redis", "h:1", "-prefix", "p:", "-json", "status", "api"},
+		{"status", "api", "-json", "-redis", "h:1", "-prefix", "p:"},
+		{"-json", "status", "-redis=h:1", "api", "--prefix=p:"},
+		{"status", "-json", "api", "-redis", "h:1", "-prefix=p:"},
+		{"-redis", "h:1", "-prefix", "p:", "status", "-json", "--", "api"},
+	} {
+		if got, err := parse(args); err != nil || got != want {
+			t.Errorf("parse(%q) = %+v, %v; want %+v", args, got, err, want)
+		}
+	}
+	for _, tc := range []struct {
+		args []string
+		want command
+	}{
+		{[]string{"status", "--", "-api"}, command{prefix: quota.DefaultPrefix, op: "status", name: "-api"}},
+		{[]string{"-json", "--", "resume", "--"}, command{prefix: quota.DefaultPrefix, json: true, op: "resume", name: "--"}},
+		{[]string{"-prefix", "--", "status", "-"}, command{prefix: "--", op: "status", name: "-"}}, // a flag's value may be "--"
+		{[]string{"pause", "x", "-json", "5s"}, command{prefix: quota.DefaultPrefix, json: true, op: "pause", name: "x", pause: 5 * time.Second}},
+		{[]string{"limit", "x", "-json=false", "10/s", "-json", "5"}, command{prefix: quota.DefaultPrefix, json: true, op: "limit", name: "x", limit: quota.Limit{Rate: 10, Burst: 5}}},
+	} {
+		if got, err := parse(tc.args); err != nil || got != tc.want {
+			t.Errorf("parse(%q) = %+v, %v; want %+v", tc.args, got, err, tc.want)
+		}
+	}
+	for _, args := range [][]string{{"status", "x", "-h"}, {"limit", "x", "--help"}} {
+		if code, out, _ := quotaRun(nil, args...); code != 0 || !strings.HasPrefix(out, "usage:") {
+			t.Errorf("quotactl %q: exit %d, stdout %q; want the usage", args, code, out)
 		}
 	}
 }
@@ -189,6 +234,12 @@ func TestCommands(t *testing.T) {
 		}
 	}
 
+	// The flags after the subcommand and its arguments.
+	out := mustRun(t, env, "status", name, "-json", "-redis", srv.Addr())
+	if after, err := decode(out); err != nil || after["name"] != name || !jsonEqual(after["limit"], want["limit"]) {
+		t.Errorf("quotactl status NAME -json -redis ADDR printed %q", out)
+	}
+
 	// limit
 	if out := cmd("limit", name, "20/s", "5"); !strings.Contains(out, "limited to 20/s, burst 5") {
 		t.Errorf("limit printed %q", out)
@@ -205,7 +256,7 @@ func TestCommands(t *testing.T) {
 		t.Errorf("status printed\n%s", text)
 	}
 	var action map[string]any
-	out := cmd("-json", "limit", name, "300/m")
+	out = cmd("-json", "limit", name, "300/m")
 	if action, err = decode(out); err != nil || !jsonEqual(action, map[string]any{
 		"name": name, "action": "limit", "override": map[string]any{"rate": 5.0, "burst": 15.0}}) {
 		t.Errorf("quotactl -json limit 300/m printed %q", out)
