@@ -17,11 +17,12 @@
 //
 // limit replaces the Limit of the bucket's first layer for every Limiter
 // that shares the Redis and the prefix, within a second; further layers
-// keep their own. RATE is 10/s, 300/m, 20/h, 10000/d or a number per
-// second; BURST defaults to three seconds of RATE and at least one token,
-// as it does in the package. The bucket must fill from empty within 366
-// days. "limit NAME off" removes the override: the callers' Limits apply
-// again.
+// keep their own. RATE is a number per second, or a number per unit: 10/s,
+// 300/min, 20/h, 10000/day; the units are s, sec, second, m, min, minute,
+// h, hr, hour, d and day. BURST defaults to three seconds of RATE and at
+// least one token, as it does in the package. The bucket must fill from
+// empty within 366 days. "limit NAME off" removes the override: the
+// callers' Limits apply again.
 //
 // pause stops every grant from the bucket, in every process, grants already
 // queued included, for DURATION (a Go duration: 30s, 5m, 1h30m) or until
@@ -65,7 +66,7 @@ import (
 
 const usage = `usage:
   quotactl [flags] status NAME
-  quotactl [flags] limit NAME RATE [BURST]  RATE as 10/s, 300/m, 10000/d, or a number per second
+  quotactl [flags] limit NAME RATE [BURST]  RATE as 10/s, 300/min, 20/hour, 10000/day, or a number per second
   quotactl [flags] limit NAME off           remove the override
   quotactl [flags] pause NAME DURATION|forever
   quotactl [flags] resume NAME
@@ -264,26 +265,31 @@ func isBool(f *flag.Flag) bool {
 	return ok && b.IsBoolFlag()
 }
 
-// parseRate parses 10/s, 300/m, 20/h, 10000/d or a number per second.
+// rateUnits are the units of a rate, in seconds; rateUnitNames lists them
+// for messages.
+var rateUnits = map[string]float64{
+	"s": 1, "sec": 1, "second": 1,
+	"m": 60, "min": 60, "minute": 60,
+	"h": 3600, "hr": 3600, "hour": 3600,
+	"d": 86400, "day": 86400,
+}
+
+const rateUnitNames = "s, sec, second, m, min, minute, h, hr, hour, d, day"
+
+// parseRate parses a number per unit, such as 10/s, 300/min or 10000/day,
+// or a number per second.
 func parseRate(s string) (float64, error) {
 	num, unit, per := strings.Cut(s, "/")
 	secs := 1.0
 	if per {
-		switch unit {
-		case "s":
-		case "m":
-			secs = 60
-		case "h":
-			secs = 3600
-		case "d":
-			secs = 86400
-		default:
-			return 0, badUsage("bad rate %q: the unit must be s, m, h or d, as in 10/s, 300/m, 10000/d", s)
+		var ok bool
+		if secs, ok = rateUnits[unit]; !ok {
+			return 0, badUsage("bad rate %q: the unit after / must be one of %s", s, rateUnitNames)
 		}
 	}
 	n, err := strconv.ParseFloat(num, 64)
 	if err != nil || !(n > 0) || math.IsInf(n, 0) {
-		return 0, badUsage("bad rate %q: want a number above zero per second, or 10/s, 300/m, 10000/d", s)
+		return 0, badUsage("bad rate %q: want a number above zero per second, or per unit as in 10/s, 300/min, 10000/day", s)
 	}
 	return n / secs, nil
 }

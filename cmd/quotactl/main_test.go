@@ -4,10 +4,12 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"maps"
 	"math"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -72,7 +74,7 @@ func TestBadUsage(t *testing.T) {
 		{[]string{"limit"}, "missing arguments"},
 		{[]string{"limit", "x"}, "missing arguments"},
 		{[]string{"limit", "x", "fast"}, `bad rate "fast"`},
-		{[]string{"limit", "x", "10/w"}, `bad rate "10/w"`},
+		{[]string{"limit", "x", "10/w"}, `bad rate "10/w": the unit after / must be one of s, sec, second, m, min,`},
 		{[]string{"limit", "x", "0/s"}, `bad rate "0/s"`},
 		{[]string{"limit", "x", "-5"}, `bad rate "-5"`}, // a number, not a flag
 		{[]string{"limit", "x", "--", "-5/s"}, `bad rate "-5/s"`},
@@ -154,10 +156,25 @@ func TestParseRate(t *testing.T) {
 		want float64
 	}{
 		{"10/s", 10}, {"300/m", 5}, {"7200/h", 2}, {"10000/d", 10000.0 / 86400}, {"2.5", 2.5}, {"0.5/s", 0.5}, {"1e3", 1000},
+		{"10/sec", 10}, {"10/second", 10}, {"300/min", 5}, {"300/minute", 5},
+		{"7200/hr", 2}, {"7200/hour", 2}, {"172800/day", 2},
 	} {
 		got, err := parseRate(tc.in)
 		if err != nil || math.Abs(got-tc.want) > 1e-12 {
 			t.Errorf("parseRate(%q) = %v, %v; want %v", tc.in, got, err, tc.want)
+		}
+	}
+	// The error for an unknown unit lists every unit accepted.
+	for _, in := range []string{"10/w", "10/mins", "10/S", "10/", "10/s/s"} {
+		_, err := parseRate(in)
+		if err == nil {
+			t.Errorf("parseRate(%q) accepted it", in)
+			continue
+		}
+		listed := strings.Fields(strings.ReplaceAll(strings.SplitN(err.Error(), "one of ", 2)[1], ",", ""))
+		slices.Sort(listed)
+		if units := slices.Sorted(maps.Keys(rateUnits)); !slices.Equal(listed, units) {
+			t.Errorf("parseRate(%q): %v; want the units %v listed", in, err, units)
 		}
 	}
 	for _, tc := range []struct {
