@@ -90,9 +90,6 @@ const (
 	overall     = 5 * time.Second
 )
 
-// maxFill is the package's bound on the time a bucket takes to fill.
-const maxFill = 366 * 24 * time.Hour
-
 func main() {
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr, os.Getenv))
 }
@@ -288,13 +285,14 @@ func parseRate(s string) (float64, error) {
 		}
 	}
 	n, err := strconv.ParseFloat(num, 64)
-	if err != nil || !(n > 0) || math.IsInf(n, 0) {
-		return 0, badUsage("bad rate %q: want a number above zero per second, or per unit as in 10/s, 300/min, 10000/day", s)
+	if err != nil {
+		return 0, badUsage("bad rate %q: want a number per second, or per unit as in 10/s, 300/min, 10000/day", s)
 	}
 	return n / secs, nil
 }
 
-// parseLimit parses RATE [BURST], and checks the Limit as the package does.
+// parseLimit parses RATE [BURST] into a Limit that the package accepts,
+// with a zero burst resolved as the package resolves it.
 func parseLimit(args []string) (quota.Limit, error) {
 	rate, err := parseRate(args[0])
 	if err != nil {
@@ -302,26 +300,22 @@ func parseLimit(args []string) (quota.Limit, error) {
 	}
 	lim := quota.Limit{Rate: rate}
 	if len(args) > 1 {
-		b, err := strconv.ParseFloat(args[1], 64)
-		if err != nil || !(b > 0) || math.IsInf(b, 0) {
-			return quota.Limit{}, badUsage("bad burst %q: want a number of tokens above zero", args[1])
+		if lim.Burst, err = strconv.ParseFloat(args[1], 64); err != nil {
+			return quota.Limit{}, badUsage("bad burst %q: want a number of tokens", args[1])
 		}
-		if b < 1 {
-			// A bucket that never holds a whole token refuses every
-			// request of one, fleet-wide.
-			return quota.Limit{}, badUsage("bad burst %q: want 1 token or more, the cost of one request", args[1])
-		}
-		lim.Burst = b
 	}
-	burst := lim.Burst
-	if burst == 0 { // the package's default
-		burst = math.Max(1, 3*rate)
+	if err := lim.Validate(); err != nil {
+		why := strings.TrimPrefix(err.Error(), quota.ErrInvalidLimit.Error()+": ")
+		return quota.Limit{}, badUsage("bad limit %q: %s", strings.Join(args, " "), why)
 	}
-	if fill := burst / rate; !(fill <= maxFill.Seconds()) {
-		return quota.Limit{}, badUsage("a burst of %s at %s takes %s days to fill; the most is 366",
-			fmtNum(burst), fmtRate(rate), fmtNum(math.Round(fill/86400)))
+	if len(args) > 1 && lim.Burst < 1 {
+		// The package takes it, but a bucket that never holds a whole
+		// token refuses every request of one, fleet-wide.
+		return quota.Limit{}, badUsage("bad burst %q: want 1 token or more, the cost of one request", args[1])
 	}
-	lim.Burst = burst
+	if lim.Burst == 0 {
+		lim.Burst = max(1, 3*lim.Rate) // the package's default, for the messages
+	}
 	return lim, nil
 }
 

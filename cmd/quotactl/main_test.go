@@ -75,21 +75,22 @@ func TestBadUsage(t *testing.T) {
 		{[]string{"limit", "x"}, "missing arguments"},
 		{[]string{"limit", "x", "fast"}, `bad rate "fast"`},
 		{[]string{"limit", "x", "10/w"}, `bad rate "10/w": the unit after / must be one of s, sec, second, m, min,`},
-		{[]string{"limit", "x", "0/s"}, `bad rate "0/s"`},
-		{[]string{"limit", "x", "-5"}, `bad rate "-5"`}, // a number, not a flag
-		{[]string{"limit", "x", "--", "-5/s"}, `bad rate "-5/s"`},
+		{[]string{"limit", "x", "0/s"}, `bad limit "0/s": rate 0 must be a finite number above zero`},
+		{[]string{"limit", "x", "-5"}, `bad limit "-5": rate -5 must be`}, // a number, not a flag
+		{[]string{"limit", "x", "--", "-5/s"}, `bad limit "-5/s": rate -5 must be`},
 		{[]string{"limit", "x", "-x5"}, "flag provided but not defined: -x5"},
-		{[]string{"limit", "x", "NaN"}, `bad rate "NaN"`},
-		{[]string{"limit", "x", "Inf/s"}, `bad rate "Inf/s"`},
+		{[]string{"limit", "x", "NaN"}, `bad limit "NaN": rate NaN must be`},
+		{[]string{"limit", "x", "Inf/s"}, `bad limit "Inf/s": rate +Inf must be`},
 		{[]string{"limit", "x", "/s"}, `bad rate "/s"`},
 		{[]string{"limit", "x", "10/s", "many"}, `bad burst "many"`},
-		{[]string{"limit", "x", "10/s", "0"}, `bad burst "0"`},
-		{[]string{"limit", "x", "10/s", "-1"}, `bad burst "-1"`},
+		{[]string{"limit", "x", "10/s", "0"}, `bad burst "0": want 1 token or more`},
+		{[]string{"limit", "x", "10/s", "-1"}, `bad limit "10/s -1": burst -1 must be a finite number, zero or more`},
+		{[]string{"limit", "x", "10/s", "Inf"}, `bad limit "10/s Inf": burst +Inf must be a finite number`},
 		{[]string{"limit", "x", "10/s", "0.5"}, `bad burst "0.5": want 1 token or more`},
 		{[]string{"limit", "x", "10/s", "5", "6"}, `unexpected argument "6"`},
 		{[]string{"limit", "x", "off", "5"}, `unexpected argument "5" after off`},
-		{[]string{"limit", "x", "1/d", "400"}, "400 days to fill; the most is 366"},
-		{[]string{"limit", "x", "1e-8"}, "1157 days to fill"}, // the default burst of one token
+		{[]string{"limit", "x", "1/d", "400"}, `bad limit "1/d 400": a burst of 400 at 1.1574074074074073e-05/s takes longer than`},
+		{[]string{"limit", "x", "1e-8"}, "a burst of 1 at 1e-08/s takes longer"}, // the default burst of one token
 		{[]string{"pause"}, "missing arguments"},
 		{[]string{"pause", "x"}, "missing arguments"},
 		{[]string{"pause", "x", "soon"}, `bad duration "soon"`},
@@ -189,6 +190,27 @@ func TestParseRate(t *testing.T) {
 		got, err := parseLimit(tc.args)
 		if err != nil || got != tc.want {
 			t.Errorf("parseLimit(%q) = %+v, %v; want %+v", tc.args, got, err, tc.want)
+		}
+	}
+	// parseLimit refuses what Limit.Validate refuses, and a burst below 1.
+	for _, tc := range []struct {
+		args []string
+		lim  quota.Limit
+	}{
+		{[]string{"1/d", "366"}, quota.Limit{Rate: 1.0 / 86400, Burst: 366}},
+		{[]string{"1/d", "367"}, quota.Limit{Rate: 1.0 / 86400, Burst: 367}},
+		{[]string{"1e-9"}, quota.Limit{Rate: 1e-9}},
+		{[]string{"1e308"}, quota.Limit{Rate: 1e308}}, // no finite default burst
+		{[]string{"1e308", "1e300"}, quota.Limit{Rate: 1e308, Burst: 1e300}},
+		{[]string{"5", "0.99"}, quota.Limit{Rate: 5, Burst: 0.99}},
+		{[]string{"5", "1"}, quota.Limit{Rate: 5, Burst: 1}},
+		{[]string{"5e-324", "1"}, quota.Limit{Rate: 5e-324, Burst: 1}},
+	} {
+		_, err := parseLimit(tc.args)
+		verr := tc.lim.Validate()
+		want := verr != nil || len(tc.args) > 1 && tc.lim.Burst < 1
+		if (err != nil) != want || verr != nil && !strings.HasSuffix(err.Error(), strings.TrimPrefix(verr.Error(), quota.ErrInvalidLimit.Error())) {
+			t.Errorf("parseLimit(%q) = %v; Validate says %v", tc.args, err, verr)
 		}
 	}
 	for r, want := range map[float64]string{10: "10/s", 5: "5/s", 0.5: "30/m", 10000.0 / 86400: "10000/d", 2.0 / 3600: "2/h", 1.0 / 7: "0.142857/s"} {
