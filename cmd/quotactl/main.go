@@ -28,6 +28,12 @@
 // queued included, for DURATION (a Go duration: 30s, 5m, 1h30m) or until
 // resume when it is "forever". resume ends a pause early.
 //
+// When Redis holds no key of the bucket called NAME, neither its own nor
+// its control record, nor those of its concurrency slots, status, limit,
+// pause and resume warn on stderr, in case NAME or -prefix is mistyped,
+// and go on: a bucket unused for a few seconds, without an override and
+// without a pause, has no keys either.
+//
 // The flags may come before the subcommand, after it, or among its
 // arguments: "quotactl status api -json" is "quotactl -json status api".
 // A "--" ends them, so that a NAME beginning with "-" can follow it:
@@ -77,6 +83,9 @@ flags, before or after the subcommand and its arguments ("--" ends them):
                          (default $REDIS_URL, else localhost:6379)
   -prefix P              the keys' prefix, as quota.WithPrefix (default "quota:")
   -json                  print one JSON object
+
+A warning on stderr tells when Redis holds no key of the bucket NAME (a typo
+in NAME or -prefix?); the subcommand goes on.
 
 exit status: 0 done, 1 Redis failed, 2 bad usage
 `
@@ -146,6 +155,10 @@ func run(args []string, stdout, stderr io.Writer, getenv func(string) string) in
 		}
 		fmt.Fprintf(stderr, "quotactl: redis at %s: %v\n", addr, oneLine(err))
 		return 1
+	}
+	if out.unknown {
+		fmt.Fprintf(stderr, "quotactl: warning: no bucket %q under prefix %q in Redis (a typo?); "+
+			"a bucket unused lately, with no override and no pause, has no keys either\n", cmd.name, cmd.prefix)
 	}
 	if cmd.json {
 		b, _ := json.Marshal(out.json)
@@ -398,8 +411,9 @@ func checkAddr(a string) error {
 
 // output is what a command prints: text, or with -json one object.
 type output struct {
-	text string
-	json any
+	text    string
+	json    any
+	unknown bool // Redis held nothing of the bucket
 }
 
 // jsonLimit is a Limit in JSON.
@@ -444,12 +458,25 @@ type actionJSON struct {
 // execute runs cmd against rdb.
 func execute(ctx context.Context, rdb redis.UniversalClient, cmd command) (output, error) {
 	l := quota.NewLimiter(rdb, quota.WithPrefix(cmd.prefix))
+	// The bucket as it stands, read before any change. A bucket that a
+	// Limiter used lately, or that has an override or a pause, shows in its
+	// Status. One that shows nothing may still have keys, its slots' or a
+	// first layer's that outlived its control record: missing looks.
+	st, err := l.Status(ctx, cmd.name)
+	if err != nil {
+		return output{}, err
+	}
+	unknown := st.Limit.Rate == 0 && !st.Paused && st.Workers == 0 && missing(ctx, rdb, cmd.prefix, cmd.name)
+	out, err := apply(ctx, l, cmd, st)
+	out.unknown = unknown
+	return out, err
+}
+
+// apply runs the operation of cmd with l; st is the
+// bucket's Status before it.
+func apply(ctx context.Context, l *quota.Limiter, cmd command, st quota.Status) (output, error) {
 	switch cmd.op {
 	case "status":
-		st, err := l.Status(ctx, cmd.name)
-		if err != nil {
-			return output{}, err
-		}
 		now := time.Now()
 		return output{text: statusText(st, now), json: statusObject(st, now)}, nil
 	case "limit":

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"maps"
 	"math"
 	"net"
@@ -27,15 +28,28 @@ func quotaRun(env map[string]string, args ...string) (int, string, string) {
 	return code, out.String(), errOut.String()
 }
 
-// mustRun runs the command line and fails the test unless it succeeds.
+// mustRun runs the command line and fails the test unless it succeeds
+// and prints nothing on stderr.
 func mustRun(t *testing.T, env map[string]string, args ...string) string {
+	t.Helper()
+	return mustRunWarned(t, env, false, args...)
+}
+
+// mustRunNew runs the command line on a bucket that Redis does not hold
+// and fails the test unless it succeeds with a warning about that.
+func mustRunNew(t *testing.T, env map[string]string, args ...string) string {
+	t.Helper()
+	return mustRunWarned(t, env, true, args...)
+}
+
+func mustRunWarned(t *testing.T, env map[string]string, warned bool, args ...string) string {
 	t.Helper()
 	code, out, errOut := quotaRun(env, args...)
 	if code != 0 {
 		t.Fatalf("quotactl %s: exit %d, stderr %q", strings.Join(args, " "), code, errOut)
 	}
-	if errOut != "" {
-		t.Errorf("quotactl %s: stderr %q", strings.Join(args, " "), errOut)
+	if got := strings.HasPrefix(errOut, "quotactl: warning: no bucket ") && strings.Count(errOut, "\n") == 1; got != warned || !warned && errOut != "" {
+		t.Errorf("quotactl %s: stderr %q; want the warning of an unknown bucket: %v", strings.Join(args, " "), errOut, warned)
 	}
 	return out
 }
@@ -380,7 +394,7 @@ func TestCommands(t *testing.T) {
 
 	// Another prefix is another set of buckets.
 	other := quota.NewLimiter(srv.Client(t), quota.WithPrefix("tenant7:"))
-	cmd("-prefix", "tenant7:", "limit", name, "1/s")
+	mustRunNew(t, env, append(flags, "-prefix", "tenant7:", "limit", name, "1/s")...)
 	if got, _ := other.Status(ctx, name); got.Override == nil || got.Override.Rate != 1 {
 		t.Errorf("quotactl -prefix tenant7: limit: Status under that prefix = %+v", got)
 	}
@@ -388,12 +402,102 @@ func TestCommands(t *testing.T) {
 		t.Errorf("quotactl -prefix tenant7: limit set an override under the default prefix")
 	}
 	// An unknown bucket: nothing known, nothing invented.
-	st = statusOf(t, env, append(flags, "-prefix", "nobody:")...)
-	if st["limit"] != nil || st["override"] != nil || st["tokens"] != 0.0 || st["workers"] != 0.0 {
-		t.Errorf("status of an unused bucket: %v", st)
+	st, err = decode(mustRunNew(t, env, append(flags, "-json", "-prefix", "nobody:", "status", name)...))
+	if err != nil || st["limit"] != nil || st["override"] != nil || st["tokens"] != 0.0 || st["workers"] != 0.0 {
+		t.Errorf("status of an unused bucket: %v, %v", st, err)
 	}
-	if text := cmd("-prefix", "nobody:", "status", name); !strings.Contains(text, "limit    unknown") {
+	if text := mustRunNew(t, env, append(flags, "-prefix", "nobody:", "status", name)...); !strings.Contains(text, "limit    unknown") {
 		t.Errorf("status of an unused bucket printed\n%s", text)
+	}
+}
+
+// TestUnknownBucket: status, limit, pause and resume warn on stderr when
+// Redis holds nothing of the bucket, do their work all the same and exit
+// 0. A bucket with a key of its own draws no warning, whatever its name,
+// even when its Status shows nothing.
+func TestUnknownBucket(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := context.Background()
+	rdb := srv.Client(t)
+	l := quota.NewLimiter(rdb)
+	flags := []string{"-redis", srv.Addr()}
+	warning := func(name, prefix string) string {
+		return fmt.Sprintf("quotactl: warning: no bucket %q under prefix %q in Redis (a typo?); ", name, prefix)
+	}
+	warned := func(errOut, name, prefix string) bool {
+		return strings.HasPrefix(errOut, warning(name, prefix)) && strings.Count(errOut, "\n") == 1
+	}
+
+	for i, tc := range []struct {
+		args []string // NAME stands for the bucket's name
+		done func(quota.Status) bool
+	}{
+		{[]string{"status", "NAME"}, nil},
+		{[]string{"status", "NAME", "-json"}, nil},
+		{[]string{"limit", "NAME", "5/s"}, func(st quota.Status) bool { return st.Override != nil && st.Override.Rate == 5 }},
+		{[]string{"limit", "NAME", "off"}, nil},
+		{[]string{"pause", "NAME", "1m"}, func(st quota.Status) bool { return st.Paused }},
+		{[]string{"-json", "pause", "NAME", "forever"}, func(st quota.Status) bool { return st.Paused && st.PausedUntil.IsZero() }},
+		{[]string{"resume", "NAME"}, nil},
+	} {
+		name := fmt.Sprintf("typo%d.example.com", i)
+		args := append([]string{}, flags...)
+		for _, a := range tc.args {
+			args = append(args, strings.ReplaceAll(a, "NAME", name))
+		}
+		code, out, errOut := quotaRun(nil, args...)
+		if code != 0 || out == "" || !warned(errOut, name, quota.DefaultPrefix) {
+			t.Errorf("quotactl %q on an unknown bucket: exit %d, stdout %q, stderr %q; want exit 0, the output and the warning %q...",
+				args, code, out, errOut, warning(name, quota.DefaultPrefix))
+		}
+		if strings.Contains(strings.Join(args, " "), "-json") && !json.Valid([]byte(out)) {
+			t.Errorf("quotactl %q printed %q, not JSON", args, out)
+		}
+		if st, err := l.Status(ctx, name); err != nil || tc.done != nil && !tc.done(st) {
+			t.Errorf("after quotactl %q, Status = %+v, %v", args, st, err)
+		}
+	}
+	// The record that limit made is the bucket's.
+	mustRun(t, nil, append(flags, "status", "typo2.example.com")...)
+
+	// Buckets that only their keys reveal: a slow bucket's layer, with the
+	// record removed, under names that are written in their keys escaped
+	// or shortened; and concurrency slots held.
+	names := []string{"plain", "}brace", "%percent", "%}", "a}b", "x}:ctl", strings.Repeat("d", 200),
+		strings.Repeat("e", 201), strings.Repeat("f", 300), "}" + strings.Repeat("g", 300), "%" + strings.Repeat("h", 300)}
+	slow := quota.Limit{Rate: 0.01, Burst: 1} // a take leaves the key for 100 s
+	for _, name := range names {
+		if err := l.Wait(ctx, name, slow); err != nil {
+			t.Fatal(err)
+		}
+	}
+	slot, err := l.AcquireSlot(ctx, "pool", 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer slot.Release()
+	names = append(names, "pool")
+	var ctl []string
+	for it := rdb.Scan(ctx, 0, "*:ctl", 0).Iterator(); it.Next(ctx); {
+		ctl = append(ctl, it.Val())
+	}
+	if len(ctl) > 0 {
+		if err := rdb.Del(ctx, ctl...).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, name := range names {
+		if st, err := l.Status(ctx, name); err != nil || st.Limit.Rate != 0 || st.Paused || st.Workers != 0 {
+			t.Fatalf("Status(%q) without its record = %+v, %v; want it to show nothing", name, st, err)
+		}
+		if code, _, errOut := quotaRun(nil, append(flags, "status", "--", name)...); code != 0 || errOut != "" {
+			t.Errorf("quotactl status %q, a bucket with a key: exit %d, stderr %q; want no warning", name, code, errOut)
+		}
+	}
+	// The same names under another prefix are other buckets.
+	code, _, errOut := quotaRun(nil, append(flags, "-prefix", "other:", "status", "plain")...)
+	if code != 0 || !warned(errOut, "plain", "other:") {
+		t.Errorf("quotactl -prefix other: status plain: exit %d, stderr %q; want the warning", code, errOut)
 	}
 }
 
@@ -423,10 +527,10 @@ func TestRedisURL(t *testing.T) {
 	admin := srv.Client(t, func(o *redis.Options) { o.Password = pass })
 	l := quota.NewLimiter(admin)
 	good := "redis://:" + pass + "@" + srv.Addr() + "/0"
-	mustRun(t, map[string]string{"REDIS_URL": good}, "limit", "env", "7/s")
-	mustRun(t, nil, "-redis", good, "limit", "flag", "8/s")
+	mustRunNew(t, map[string]string{"REDIS_URL": good}, "limit", "env", "7/s")
+	mustRunNew(t, nil, "-redis", good, "limit", "flag", "8/s")
 	// -redis wins over REDIS_URL.
-	mustRun(t, map[string]string{"REDIS_URL": "redis://127.0.0.1:1"}, "-redis", good, "limit", "both", "9/s")
+	mustRunNew(t, map[string]string{"REDIS_URL": "redis://127.0.0.1:1"}, "-redis", good, "limit", "both", "9/s")
 	for name, rate := range map[string]float64{"env": 7, "flag": 8, "both": 9} {
 		if st, err := l.Status(ctx, name); err != nil || st.Override == nil || st.Override.Rate != rate {
 			t.Errorf("Status(%s) = %+v, %v; want an override of %v/s", name, st, err, rate)
@@ -474,7 +578,7 @@ func TestCluster(t *testing.T) {
 	addrs := strings.Join(c.Addrs(), ",")
 	names := []string{"a.example.com", "b.example.com", "c.example.com", "d.example.com", "e.example.com"}
 	for _, name := range names {
-		mustRun(t, nil, "-redis", addrs, "limit", name, "3/s", "2")
+		mustRunNew(t, nil, "-redis", addrs, "limit", name, "3/s", "2")
 		mustRun(t, nil, "-redis", addrs, "pause", name, "forever")
 	}
 	for _, name := range names {
