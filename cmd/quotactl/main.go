@@ -10,6 +10,7 @@
 //	quotactl [flags] limit NAME off
 //	quotactl [flags] pause NAME DURATION|forever
 //	quotactl [flags] resume NAME
+//	quotactl [flags] list
 //
 // status shows the bucket called NAME: the Limit in force and the override,
 // if any; the tokens it holds and its queue as a duration; its pause; and
@@ -28,6 +29,16 @@
 // queued included, for DURATION (a Go duration: 30s, 5m, 1h30m) or until
 // resume when it is "forever". resume ends a pause early.
 //
+// list prints the buckets that have a key under the prefix, one name a
+// line, quoted for a POSIX shell where it needs it, or with -json an array
+// of objects such as {"name":"api.example.com"}. A name longer than 200
+// bytes is kept in Redis shortened to its first bytes and a digest; list
+// prints that form, marked "(shortened: ...)" or "shortened":true. It reads
+// the keys with SCAN, a thousand at a time, on every master of a Cluster,
+// so that Redis serves its other clients meanwhile. A bucket idle for a few
+// seconds, with neither an override nor a pause, has no keys: list does not
+// show it.
+//
 // When Redis holds no key of the bucket called NAME, neither its own nor
 // its control record, nor those of its concurrency slots, status, limit,
 // pause and resume warn on stderr, in case NAME or -prefix is mistyped,
@@ -45,7 +56,8 @@
 //	              environment variable REDIS_URL, else localhost:6379.
 //	-prefix P     the prefix of the keys, as given to quota.WithPrefix
 //	              (default "quota:").
-//	-json         print one JSON object instead of text.
+//	-json         print one JSON object instead of text; list prints an
+//	              array of them.
 //
 // Exit status: 0 on success, 1 when Redis fails or refuses (the message
 // names the address, never the password), 2 on bad usage, with a one-line
@@ -76,13 +88,14 @@ const usage = `usage:
   quotactl [flags] limit NAME off           remove the override
   quotactl [flags] pause NAME DURATION|forever
   quotactl [flags] resume NAME
+  quotactl [flags] list                     the buckets that have keys, one a line
 
 flags, before or after the subcommand and its arguments ("--" ends them):
   -redis ADDR[,ADDR...]  Redis host:port, a Cluster's nodes comma-separated,
                          or a redis:// or rediss:// URL
                          (default $REDIS_URL, else localhost:6379)
   -prefix P              the keys' prefix, as quota.WithPrefix (default "quota:")
-  -json                  print one JSON object
+  -json                  print one JSON object (list: an array)
 
 A warning on stderr tells when Redis holds no key of the bucket NAME (a typo
 in NAME or -prefix?); the subcommand goes on.
@@ -92,7 +105,8 @@ exit status: 0 done, 1 Redis failed, 2 bad usage
 
 const hint = "run 'quotactl -h' for usage"
 
-// Timeouts of the Redis client, and of the whole command.
+// Timeouts of the Redis client, and of the whole command but list, whose
+// scan takes as many calls as the keys need.
 const (
 	dialTimeout = 2 * time.Second
 	ioTimeout   = 3 * time.Second
@@ -121,7 +135,7 @@ type command struct {
 	redis  string
 	prefix string
 	json   bool
-	op     string // status, limit, clear, pause, resume
+	op     string // status, limit, clear, pause, resume, list
 	name   string
 	limit  quota.Limit
 	pause  time.Duration // quota.Forever for forever
@@ -145,8 +159,12 @@ func run(args []string, stdout, stderr io.Writer, getenv func(string) string) in
 		return 2
 	}
 	defer rdb.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), overall)
-	defer cancel()
+	ctx := context.Background()
+	if cmd.op != "list" {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, overall)
+		defer cancel()
+	}
 	out, err := execute(ctx, rdb, cmd)
 	if err != nil {
 		if errors.Is(err, quota.ErrInvalidLimit) {
@@ -155,6 +173,9 @@ func run(args []string, stdout, stderr io.Writer, getenv func(string) string) in
 		}
 		fmt.Fprintf(stderr, "quotactl: redis at %s: %v\n", addr, oneLine(err))
 		return 1
+	}
+	if out.none {
+		fmt.Fprintf(stderr, "quotactl: warning: no bucket under prefix %q in Redis (another -prefix?)\n", cmd.prefix)
 	}
 	if out.unknown {
 		fmt.Fprintf(stderr, "quotactl: warning: no bucket %q under prefix %q in Redis (a typo?); "+
@@ -185,7 +206,7 @@ func parse(args []string) (command, error) {
 		return cmd, usageError{err.Error()}
 	}
 	if len(rest) == 0 {
-		return cmd, badUsage("no subcommand: want status, limit, pause or resume")
+		return cmd, badUsage("no subcommand: want status, limit, pause, resume or list")
 	}
 	cmd.op, rest = rest[0], rest[1:]
 	want := func(min, max int, what string) error {
@@ -204,6 +225,10 @@ func parse(args []string) (command, error) {
 	switch cmd.op {
 	case "help":
 		return cmd, flag.ErrHelp
+	case "list":
+		if len(rest) > 0 {
+			return cmd, badUsage("list: unexpected argument %q: want none", rest[0])
+		}
 	case "status", "resume":
 		if err := want(1, 1, "NAME"); err != nil {
 			return cmd, err
@@ -234,7 +259,7 @@ func parse(args []string) (command, error) {
 		}
 		cmd.pause = d
 	default:
-		return cmd, badUsage("unknown subcommand %q: want status, limit, pause or resume", cmd.op)
+		return cmd, badUsage("unknown subcommand %q: want status, limit, pause, resume or list", cmd.op)
 	}
 	return cmd, nil
 }
@@ -414,6 +439,7 @@ type output struct {
 	text    string
 	json    any
 	unknown bool // Redis held nothing of the bucket
+	none    bool // list found no bucket
 }
 
 // jsonLimit is a Limit in JSON.
@@ -457,6 +483,9 @@ type actionJSON struct {
 
 // execute runs cmd against rdb.
 func execute(ctx context.Context, rdb redis.UniversalClient, cmd command) (output, error) {
+	if cmd.op == "list" {
+		return listBuckets(ctx, rdb, cmd.prefix)
+	}
 	l := quota.NewLimiter(rdb, quota.WithPrefix(cmd.prefix))
 	// The bucket as it stands, read before any change. A bucket that a
 	// Limiter used lately, or that has an override or a pause, shows in its
@@ -519,6 +548,26 @@ func apply(ctx context.Context, l *quota.Limiter, cmd command, st quota.Status) 
 		}, nil
 	}
 	return output{}, fmt.Errorf("unknown operation %q", cmd.op)
+}
+
+// listBuckets lists the buckets under prefix.
+func listBuckets(ctx context.Context, rdb redis.UniversalClient, prefix string) (output, error) {
+	buckets, err := list(ctx, rdb, prefix)
+	if err != nil {
+		if !errors.As(err, new(redis.Error)) { // no reply: worded as the package words it
+			err = fmt.Errorf("%w: %w", quota.ErrUnavailable, err)
+		}
+		return output{}, err
+	}
+	var b strings.Builder
+	for _, l := range buckets {
+		b.WriteString(shellLine(l.Name))
+		if l.Shortened {
+			b.WriteString("  (shortened: the name's first bytes and a digest of it)")
+		}
+		b.WriteString("\n")
+	}
+	return output{text: b.String(), json: buckets, none: len(buckets) == 0}, nil
 }
 
 func statusObject(st quota.Status, now time.Time) statusJSON {

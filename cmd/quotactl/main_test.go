@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"maps"
@@ -114,6 +116,8 @@ func TestBadUsage(t *testing.T) {
 		{[]string{"pause", "x", "1s", "2s"}, `unexpected argument "2s"`},
 		{[]string{"resume"}, "missing arguments"},
 		{[]string{"resume", "x", "now"}, `unexpected argument "now"`},
+		{[]string{"list", "x"}, `list: unexpected argument "x": want none`},
+		{[]string{"lst"}, `unknown subcommand "lst": want status, limit, pause, resume or list`},
 		{[]string{"-redis", "localhost", "status", "x"}, `bad -redis address "localhost"`},
 		{[]string{"-redis", "a:1,b", "status", "x"}, `bad -redis address "b"`},
 		{[]string{"-redis", "http://localhost:6379", "status", "x"}, "bad -redis"},
@@ -151,6 +155,7 @@ func TestFlagsAnywhere(t *testing.T) {
 		{[]string{"status", "--", "-api"}, command{prefix: quota.DefaultPrefix, op: "status", name: "-api"}},
 		{[]string{"-json", "--", "resume", "--"}, command{prefix: quota.DefaultPrefix, json: true, op: "resume", name: "--"}},
 		{[]string{"-prefix", "--", "status", "-"}, command{prefix: "--", op: "status", name: "-"}}, // a flag's value may be "--"
+		{[]string{"list", "-json"}, command{prefix: quota.DefaultPrefix, json: true, op: "list"}},
 		{[]string{"pause", "x", "-json", "5s"}, command{prefix: quota.DefaultPrefix, json: true, op: "pause", name: "x", pause: 5 * time.Second}},
 		{[]string{"limit", "x", "-json=false", "10/s", "-json", "5"}, command{prefix: quota.DefaultPrefix, json: true, op: "limit", name: "x", limit: quota.Limit{Rate: 10, Burst: 5}}},
 	} {
@@ -501,6 +506,156 @@ func TestUnknownBucket(t *testing.T) {
 	}
 }
 
+// TestBucketOf: list reads back the name of every key of a bucket, once
+// escaped or shortened, and no other key.
+func TestBucketOf(t *testing.T) {
+	long := strings.Repeat("x", 300)
+	for _, prefix := range []string{"quota:", "", "a{b}:", "*?[]\\:"} {
+		for _, name := range []string{"api.example.com", "}", "}x", "%", "%%", "%x", "a}b", "x}:ctl", "{", "{}", " ",
+			"my bucket", "line\nbreak", strings.Repeat("y", 200), strings.Repeat("z", 201), long, "}" + long, "%" + long} {
+			want := listed{Name: name}
+			if len(name) > maxName {
+				sum := sha256.Sum256([]byte(name))
+				want = listed{Name: name[:184] + "~" + hex.EncodeToString(sum[:8]), Shortened: true}
+			}
+			for _, suffix := range append(keySuffixes, "", ":5/15", ":0.1/1e-07", ":1e+21/3") {
+				key := bucketKey(prefix, name) + suffix
+				if got, ok := bucketOf(prefix, key); !ok || got != want {
+					t.Errorf("bucketOf(%q, %q) = %+v, %v; want %+v", prefix, key, got, ok, want)
+				}
+			}
+		}
+	}
+	for _, key := range []string{
+		"quota:workers", "quota:resume", "quota:control", "other:{x}", "quota{x}", "quota:x{y}",
+		"quota:{x", "quota:{}", "quota:{}x}", "quota:{%x}", "quota:{%}", "quota:{x}:other", "quota:{x}:ctl:more",
+		"quota:{x}:5", "quota:{x}:5/", "quota:{x}:/5", "quota:{x}:a/b", "quota:{x}5/15", "quota:{x}:slots:",
+		"quota:{" + strings.Repeat("y", 201) + "}", "quota:{" + long + "}",
+		"quota:{" + strings.Repeat("y", 184) + "~0123456789ABCDEF}", "quota:{" + strings.Repeat("y", 185) + "~0123456789abcde}",
+	} {
+		if got, ok := bucketOf("quota:", key); ok {
+			t.Errorf("bucketOf(quota:, %q) = %+v, a bucket; want none", key, got)
+		}
+	}
+	if got := globEscape(`a*b?c[d]e\f{g}`); got != `a\*b\?c\[d\]e\\f{g}` {
+		t.Errorf("globEscape = %s", got)
+	}
+}
+
+// TestList: list prints every bucket that has a key once, however many
+// keys it has and however its name is written in them, and nothing else;
+// it reads the keys with SCAN, a thousand a call, never with KEYS.
+func TestList(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := context.Background()
+	rdb := srv.Client(t)
+	l := quota.NewLimiter(rdb)
+	flags := []string{"-redis", srv.Addr()}
+
+	long := strings.Repeat("l", 300)
+	names := []string{"api.example.com", "}brace", "%percent", "a}b", "my bucket", "-dash", strings.Repeat("d", 200)}
+	for _, name := range names {
+		if err := l.WaitN(ctx, name, 1, quota.Limit{Rate: 1, Burst: 1}, quota.PerMinute(10)); err != nil { // two layers, a record
+			t.Fatal(err)
+		}
+	}
+	if err := l.Wait(ctx, long, quota.PerSecond(1)); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.SetLimit(ctx, "override-only", quota.PerSecond(5)); err != nil {
+		t.Fatal(err)
+	}
+	slot, err := l.AcquireSlot(ctx, "pool", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer slot.Release()
+	names = append(names, "override-only", "pool")
+	// Keys of no bucket, and keys under other prefixes.
+	for _, key := range []string{"quota:workers", "quota:resume", "quota:{x", "quota:{}", "quota:{%x}", "quota:{x}:other",
+		"quotaX{y}", "other:{z}", "quota:" + long} {
+		if err := rdb.Set(ctx, key, "1", time.Minute).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Enough buckets that the scan takes several calls.
+	const many = 2500
+	if _, err := rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i := range many {
+			p.Set(ctx, fmt.Sprintf("quota:{n%04d}", i), "1", time.Minute)
+			names = append(names, fmt.Sprintf("n%04d", i))
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.ConfigResetStat(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+
+	var got []listed
+	out := mustRun(t, nil, append(flags, "list", "-json")...)
+	if err := json.Unmarshal([]byte(out), &got); err != nil {
+		t.Fatalf("quotactl list -json printed %.200q: %v", out, err)
+	}
+	slices.Sort(names)
+	var shortened []listed
+	got = slices.DeleteFunc(got, func(b listed) bool {
+		if b.Shortened {
+			shortened = append(shortened, b)
+		}
+		return b.Shortened
+	})
+	gotNames := make([]string, len(got))
+	for i, b := range got {
+		gotNames[i] = b.Name
+	}
+	if !slices.Equal(gotNames, names) {
+		t.Errorf("quotactl list -json: %d buckets not shortened; want the %d made, in order: %q ...", len(got), len(names), gotNames[:min(len(gotNames), 12)])
+	}
+	if len(shortened) != 1 || len(shortened[0].Name) != maxName+1 || !strings.HasPrefix(shortened[0].Name, long[:184]+"~") {
+		t.Errorf("quotactl list -json: shortened %+v; want the long name's first bytes and a digest", shortened)
+	}
+	if !strings.Contains(out, `"shortened":true`) || strings.Count(out, `"shortened"`) != 1 {
+		t.Errorf("quotactl list -json marks %d names shortened, want 1", strings.Count(out, `"shortened"`))
+	}
+
+	info, err := rdb.Info(ctx, "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	calls := 0
+	fmt.Sscanf(info[strings.Index(info, "cmdstat_scan:")+len("cmdstat_scan:"):], "calls=%d", &calls)
+	t.Logf("quotactl list: %d calls of SCAN over %d keys", calls, rdb.DBSize(ctx).Val())
+	if keys := rdb.DBSize(ctx).Val(); calls < int(keys)/1000 || calls > int(keys)/1000*3+3 || strings.Contains(info, "cmdstat_keys:") {
+		t.Errorf("quotactl list ran SCAN %d times over %d keys, want about one call per 1000 keys and no KEYS:\n%s", calls, keys, info)
+	}
+
+	// The text: one bucket a line, quoted for a shell where it needs it.
+	text := mustRun(t, nil, append(flags, "list")...)
+	lines := strings.Split(strings.TrimSuffix(text, "\n"), "\n")
+	if len(lines) != len(names)+1 || !slices.Contains(lines, "'my bucket'") || !slices.Contains(lines, "'}brace'") || !slices.Contains(lines, "-dash") ||
+		!slices.Contains(lines, shellLine(shortened[0].Name)+"  (shortened: the name's first bytes and a digest of it)") {
+		t.Errorf("quotactl list printed %d lines, want %d: %q ...", len(lines), len(names)+1, lines[:min(len(lines), 12)])
+	}
+
+	// A prefix with no bucket: nothing, and a warning.
+	code, out, errOut := quotaRun(nil, append(flags, "-prefix", "quota:{n0", "list", "-json")...)
+	if code != 0 || out != "[]\n" || errOut != "quotactl: warning: no bucket under prefix \"quota:{n0\" in Redis (another -prefix?)\n" {
+		t.Errorf("quotactl list under an empty prefix: exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
+	// A prefix with glob characters matches only itself.
+	if err := rdb.Set(ctx, "te?t:{a}", "1", time.Minute).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.Set(ctx, "text:{b}", "1", time.Minute).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if out := mustRun(t, nil, append(flags, "-prefix", "te?t:", "list")...); out != "a\n" {
+		t.Errorf("quotactl -prefix te?t: list printed %q, want a alone", out)
+	}
+}
+
 func decode(s string) (map[string]any, error) {
 	var m map[string]any
 	err := json.Unmarshal([]byte(s), &m)
@@ -581,6 +736,18 @@ func TestCluster(t *testing.T) {
 		mustRunNew(t, nil, "-redis", addrs, "limit", name, "3/s", "2")
 		mustRun(t, nil, "-redis", addrs, "pause", name, "forever")
 	}
+	// list scans every master: the buckets are on more than one.
+	holding := 0
+	for _, s := range c.Nodes() {
+		if n, err := s.Client(t).DBSize(ctx).Result(); err == nil && n > 0 {
+			holding++
+		}
+	}
+	var listed []map[string]any
+	if err := json.Unmarshal([]byte(mustRun(t, nil, "-redis", addrs, "list", "-json")), &listed); err != nil || holding < 2 ||
+		!jsonEqual(listed, []map[string]string{{"name": names[0]}, {"name": names[1]}, {"name": names[2]}, {"name": names[3]}, {"name": names[4]}}) {
+		t.Errorf("quotactl list on the Cluster, %d of whose masters hold buckets: %v, %v; want %q", holding, listed, err, names)
+	}
 	for _, name := range names {
 		st, err := l.Status(ctx, name)
 		if err != nil || st.Override == nil || *st.Override != (quota.Limit{Rate: 3, Burst: 2}) || !st.Paused {
@@ -614,6 +781,8 @@ func TestUnreachable(t *testing.T) {
 		{nil, []string{"-redis", addr, "resume", "x"}, addr},
 		{map[string]string{"REDIS_URL": "redis://:pw@" + addr}, []string{"limit", "x", "off"}, addr},
 		{nil, []string{"-redis", addr + "," + addr, "status", "x"}, addr + "," + addr},
+		{nil, []string{"-redis", addr, "list"}, addr},
+		{nil, []string{"-redis", addr + "," + addr, "list", "-json"}, addr + "," + addr},
 	} {
 		start := time.Now()
 		code, out, errOut := quotaRun(tc.env, tc.args...)
