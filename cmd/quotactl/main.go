@@ -1,7 +1,7 @@
 // Command quotactl reads and changes, at runtime, the buckets that the
 // Limiters of package github.com/sharedquota/quota share in Redis. It is
-// named after the control tools (systemctl, kubectl) so as not to be taken
-// for quota(1), the disk quota tool that many systems install as quota.
+// named as control tools are (systemctl, kubectl) so as not to clash with
+// quota(1), the disk quota tool that Linux distributions install as quota.
 //
 // Usage:
 //
@@ -35,15 +35,15 @@
 // bytes is kept in Redis shortened to its first bytes and a digest; list
 // prints that form, marked "(shortened: ...)" or "shortened":true. It reads
 // the keys with SCAN, a thousand at a time, on every master of a Cluster,
-// so that Redis serves its other clients meanwhile. A bucket idle for a few
-// seconds, with neither an override nor a pause, has no keys: list does not
-// show it.
+// so that Redis serves its other clients meanwhile; the Redis user needs
+// +scan for it, which the other subcommands do without. A bucket idle for a few seconds,
+// with neither an override nor a pause, has no keys: list does not show it.
 //
-// When Redis holds no key of the bucket called NAME, neither its own nor
-// its control record, nor those of its concurrency slots, status, limit,
-// pause and resume warn on stderr, in case NAME or -prefix is mistyped,
-// and go on: a bucket unused for a few seconds, without an override and
-// without a pause, has no keys either.
+// status, limit, pause and resume warn on stderr when Redis holds no key
+// of the bucket called NAME (its own, its control record or those of its
+// concurrency slots), in case NAME or -prefix is mistyped, and go on: a
+// bucket unused for a few seconds, without an override and without a
+// pause, has no keys either.
 //
 // The flags may come before the subcommand, after it, or among its
 // arguments: "quotactl status api -json" is "quotactl -json status api".
