@@ -113,7 +113,7 @@ func TestLeastPrivilegeUser(t *testing.T) {
 		t.Fatal("the released slot did not reach the waiter as the limiter's user")
 	}
 
-	// The operator's commands, from cmd/quota, as the same user; a
+	// The operator's commands, from cmd/quotactl, as the same user; a
 	// Limiter in use hears of an override on the control channel.
 	ops := NewLimiter(client("limiter", "limiter-secret"))
 	if err := ops.Wait(ctx, "ops", PerSecond(100)); err != nil {
