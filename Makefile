@@ -3,6 +3,7 @@
 #             the demo's and the Jaeger end-to-end check included
 # make bench  the benchmarks: quota beside a bare EVALSHA, and beside its peers;
 #             then what one call of the script costs Redis, beside redis_rate's
+# make fuzz   the two fuzz targets, ten times longer than make test runs them
 # make e2e    the example in examples/jaeger against a real Jaeger, built once
 #             per machine into a cache outside the clone
 # make lint   gofmt, go vet and staticcheck on every module
@@ -14,20 +15,24 @@
 GO          ?= go
 STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
-.PHONY: demo test check bench e2e lint redis
+.PHONY: demo test check bench e2e lint redis fuzz
 
 demo: redis
 	cd demo && $(GO) run . -out ../demo-out
 
 # The packages' tests run one package after another (-p 1): each starts real
 # redis-server processes and asserts rates and windows, and on two cores a
-# Cluster failing over in one package starves the swarms of another.
+# Cluster failing over in one package starves the swarms of another. Inside
+# a package, the tests that wait on real time and assert bounds with margin
+# call t.Parallel and run four at a time; those that measure a latency, an
+# order or the heap run alone, before them.
 test: redis lint
-	QUOTA_REQUIRE_REDIS=1 $(GO) test -race -count=1 -p 1 -timeout 15m ./...
+	QUOTA_REQUIRE_REDIS=1 $(GO) test -race -count=1 -p 1 -parallel 4 -timeout 15m ./...
 	@# Fuzzing runs for a count of executions, not a time: with a time, Go
 	@# before 1.27 can report the end of fuzzing as "context deadline
-	@# exceeded" when a worker is mid-call (golang/go#75804).
-	QUOTA_REQUIRE_REDIS=1 $(GO) test -run '^$$' -fuzz '^FuzzKeys$$' -fuzztime 100000x .
+	@# exceeded" when a worker is mid-call (golang/go#75804). make fuzz
+	@# runs longer.
+	QUOTA_REQUIRE_REDIS=1 $(GO) test -run '^$$' -fuzz '^FuzzKeys$$' -fuzztime 20000x .
 	QUOTA_REQUIRE_REDIS=1 $(GO) test -run '^$$' -fuzz '^FuzzScript$$' -fuzztime 20000x .
 	cd demo && QUOTA_REQUIRE_REDIS=1 $(GO) test -race -count=1 ./...
 	cd bench && QUOTA_REQUIRE_REDIS=1 $(GO) test -count=1 ./...
@@ -38,6 +43,10 @@ check: redis
 	$(GO) vet ./...
 	$(GO) run $(STATICCHECK) ./...
 	QUOTA_REQUIRE_REDIS=1 $(GO) test -short -race -count=1 ./...
+
+fuzz: redis
+	QUOTA_REQUIRE_REDIS=1 $(GO) test -run '^$$' -fuzz '^FuzzKeys$$' -fuzztime 200000x .
+	QUOTA_REQUIRE_REDIS=1 $(GO) test -run '^$$' -fuzz '^FuzzScript$$' -fuzztime 200000x .
 
 bench: redis
 	QUOTA_REQUIRE_REDIS=1 $(GO) test -run '^$$' -bench . -benchmem -count 8 .

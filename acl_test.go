@@ -40,6 +40,7 @@ func TestREADMEShowsTheACL(t *testing.T) {
 
 func TestLeastPrivilegeUser(t *testing.T) {
 	redistest.Long(t)
+	t.Parallel()
 	srv := redistest.Start(t)
 	admin := srv.Client(t)
 	ctx := context.Background()

@@ -58,6 +58,7 @@ func allowAtOnce(t *testing.T, goroutines int, allow func() (bool, error)) (allo
 // call that is refused neither waits nor takes anything.
 func TestAllowGrantsTheBurstAndNeverWaits(t *testing.T) {
 	redistest.Long(t)
+	t.Parallel()
 	_, rdb := limiterServer(t)
 	l := NewLimiter(rdb)
 	ctx := context.Background()
@@ -99,6 +100,7 @@ func TestAllowGrantsTheBurstAndNeverWaits(t *testing.T) {
 
 func TestAllowPausedBucket(t *testing.T) {
 	redistest.Long(t)
+	t.Parallel()
 	_, rdb := limiterServer(t)
 	l := NewLimiter(rdb)
 	ctx := context.Background()
@@ -178,6 +180,7 @@ func TestAllowInvalidInput(t *testing.T) {
 
 func TestAllowPolicies(t *testing.T) {
 	redistest.Long(t)
+	t.Parallel()
 	ctx := context.Background()
 	lim := Limit{Rate: 20, Burst: 10}
 	for _, tc := range []struct {
@@ -312,6 +315,7 @@ func TestTransportNoWait(t *testing.T) {
 // which time the token has accrued.
 func TestNoWaitRetriedByRetryablehttp(t *testing.T) {
 	redistest.Long(t)
+	t.Parallel()
 	_, rdb := limiterServer(t)
 	prov, reached := countingServer(t)
 	tried := &attemptCounter{next: NewTransport(rdb, Limit{Rate: 5, Burst: 1}, WithNoWait())}

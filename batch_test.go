@@ -178,6 +178,7 @@ func (r *batchRig) start(name string, d time.Duration, n float64, lims ...Limit)
 // from the call, queueing included.
 func TestBatchRefusesOnlyTheCallerPastItsDeadline(t *testing.T) {
 	redistest.Long(t)
+	t.Parallel()
 	r := newBatchRig(t)
 	lim := Limit{Rate: 1, Burst: 1}
 	r.hold.hold()
@@ -281,6 +282,7 @@ func TestBatchCallerLeavesTheQueue(t *testing.T) {
 // nothing, since that place is promised.
 func TestBatchRefundsOneCaller(t *testing.T) {
 	redistest.Long(t)
+	t.Parallel()
 	r := newBatchRig(t)
 	lim := Limit{Rate: 2, Burst: 1} // a token each 500 ms
 	key, _ := bucketKey(DefaultPrefix, "refund")
@@ -333,6 +335,7 @@ func TestBatchRefundsOneCaller(t *testing.T) {
 // them waits exactly as the same takes one after another do.
 func TestBatchWeightedLayers(t *testing.T) {
 	redistest.Long(t)
+	t.Parallel()
 	clock := newStoppedClock()
 	r := newBatchRig(t, WithClock(clock.Now))
 	lims := []Limit{{Rate: 20, Burst: 3}, {Rate: 8, Burst: 6}}
@@ -373,6 +376,7 @@ func TestBatchWeightedLayers(t *testing.T) {
 // to 0). The hold gathers the callers of the next 50 ms into one call.
 func TestBatchSwarmsHoldTheBound(t *testing.T) {
 	redistest.Long(t)
+	t.Parallel()
 	lim := Limit{Rate: 100, Burst: 10}
 	for _, goroutines := range []int{50, 200} {
 		t.Run(fmt.Sprint(goroutines), func(t *testing.T) {
@@ -578,6 +582,7 @@ func TestNeverHeld(t *testing.T) {
 // sees, the newest kept.
 func TestHorizonsAreBounded(t *testing.T) {
 	redistest.Long(t)
+	t.Parallel()
 	rdb := newServerClient(t)
 	l := NewLimiter(rdb)
 	lim := Limit{Rate: 0.001, Burst: 1} // the second take waits 1000 s
@@ -611,6 +616,7 @@ func TestHorizonsAreBounded(t *testing.T) {
 // waiting for a timeout of its own.
 func TestBatchSharesAnOutage(t *testing.T) {
 	redistest.Long(t)
+	t.Parallel()
 	r := newBatchRig(t, WithLogger(discardLogger()))
 	lim := Limit{Rate: 10, Burst: 1}
 	r.hold.hold()
@@ -632,6 +638,7 @@ func TestBatchSharesAnOutage(t *testing.T) {
 // A call serves at most store.MaxBatch takes; the rest go in the call after.
 func TestBatchIsBounded(t *testing.T) {
 	redistest.Long(t)
+	t.Parallel()
 	r := newBatchRig(t)
 	r.hold.hold()
 	callers := store.MaxBatch + 44

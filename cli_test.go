@@ -62,6 +62,7 @@ func quotaExec(t *testing.T, bin, redisURL string, args ...string) (int, string,
 // may scan. It builds the binary: make test runs it, not make check.
 func TestCLI(t *testing.T) {
 	redistest.Long(t)
+	t.Parallel()
 	srv := redistest.Start(t)
 	admin := srv.Client(t)
 	ctx := context.Background()

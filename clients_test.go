@@ -80,6 +80,7 @@ func slotOwners(t *testing.T, cc *redis.ClusterClient) func(slot int64) string {
 
 func TestClusterClient(t *testing.T) {
 	redistest.Long(t)
+	t.Parallel()
 	cluster := redistest.StartCluster(t, 3, 1)
 	cc, admin := cluster.Client(t), cluster.Client(t)
 	cmds := newCmdCounter()
@@ -156,6 +157,7 @@ func TestClusterClient(t *testing.T) {
 
 func TestNoScriptOnCluster(t *testing.T) {
 	redistest.Long(t)
+	t.Parallel()
 	cluster := redistest.StartCluster(t, 3, 1)
 	cc := cluster.Client(t)
 	cmds := newCmdCounter()
@@ -249,6 +251,7 @@ func TestNoScriptOnCluster(t *testing.T) {
 
 func TestClusterAcrossProcesses(t *testing.T) {
 	redistest.Long(t)
+	t.Parallel()
 	cluster := redistest.StartCluster(t, 3, 1)
 	lim := Limit{Rate: 10, Burst: 5}
 	const procs = 3
@@ -269,6 +272,7 @@ func TestClusterAcrossProcesses(t *testing.T) {
 
 func TestRingClient(t *testing.T) {
 	redistest.Long(t)
+	t.Parallel()
 	a, b := redistest.Start(t), redistest.Start(t)
 	ring := redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"a": a.Addr(), "b": b.Addr()}})
 	t.Cleanup(func() { _ = ring.Close() })
@@ -361,6 +365,7 @@ func TestRingClient(t *testing.T) {
 
 func TestFailoverClient(t *testing.T) {
 	redistest.Long(t)
+	t.Parallel()
 	sentinel := redistest.StartSentinel(t)
 	rdb := sentinel.FailoverClient(t)
 	l := NewLimiter(rdb)

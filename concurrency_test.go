@@ -212,6 +212,7 @@ func TestWaitersDoNotPoll(t *testing.T) {
 
 func TestTransportConcurrencyInProcess(t *testing.T) {
 	redistest.Long(t)
+	t.Parallel()
 	rdb := newServerClient(t)
 	p := &inFlight{latency: 20 * time.Millisecond}
 	srv := httptest.NewServer(p)
@@ -311,6 +312,7 @@ func (p *inFlight) arrivedIn(from, to time.Time) int {
 // 8 / 200 ms, since a release hands its slot on at once.
 func TestConcurrencyAcrossProcesses(t *testing.T) {
 	redistest.Long(t)
+	t.Parallel()
 	srv := redistest.Start(t)
 	const slots, latency = 8, 200 * time.Millisecond
 	p := &inFlight{latency: latency}
@@ -343,6 +345,7 @@ func TestConcurrencyAcrossProcesses(t *testing.T) {
 // within the lease.
 func TestKilledHolderSlotsReturn(t *testing.T) {
 	redistest.Long(t)
+	t.Parallel()
 	srv := redistest.Start(t)
 	const slots, lease = 4, time.Second
 	p := &inFlight{hold: make(chan struct{})}
@@ -437,6 +440,7 @@ func TestRetryEachAttemptHoldsOneSlot(t *testing.T) {
 
 func TestConcurrencyPolicies(t *testing.T) {
 	redistest.Long(t)
+	t.Parallel()
 	srv := redistest.Start(t)
 	rdb := srv.Client(t, func(o *redis.Options) { o.MaxRetries = -1; o.DialTimeout = 200 * time.Millisecond })
 	srv.Kill()
@@ -483,6 +487,7 @@ func TestConcurrencyPolicies(t *testing.T) {
 
 func TestSlotTelemetry(t *testing.T) {
 	redistest.Long(t)
+	t.Parallel()
 	rdb := newServerClient(t)
 	tel := newTelemetry(t)
 	l := NewLimiter(rdb, tel.options()...)

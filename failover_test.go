@@ -83,6 +83,7 @@ func failover(t *testing.T, ws []worker, kill func(rkey string)) {
 
 func TestClusterFailover(t *testing.T) {
 	redistest.Long(t)
+	t.Parallel()
 	cluster := redistest.StartCluster(t, 3, 1)
 	ws := newWorkersOn(t, 4, Limit{Rate: 20, Burst: 8}, FallbackLocal(4), func() redis.Scripter {
 		return cluster.Client(t, func(o *redis.ClusterOptions) {
@@ -98,6 +99,7 @@ func TestClusterFailover(t *testing.T) {
 
 func TestSentinelFailover(t *testing.T) {
 	redistest.Long(t)
+	t.Parallel()
 	s := redistest.StartSentinel(t)
 	ws := newWorkersOn(t, 4, Limit{Rate: 20, Burst: 8}, FallbackLocal(4), func() redis.Scripter {
 		return s.FailoverClient(t, func(o *redis.FailoverOptions) {

@@ -160,6 +160,7 @@ func checkTransitions(t *testing.T, ws []worker, level slog.Level) {
 
 func TestFaultKilledAndRestarted(t *testing.T) {
 	redistest.Long(t)
+	t.Parallel()
 	srv := redistest.Start(t)
 	prov := newProvider(t)
 	lim := Limit{Rate: 20, Burst: 10}
@@ -217,6 +218,7 @@ func TestFaultKilledAndRestarted(t *testing.T) {
 // probe's.
 func TestFaultHung(t *testing.T) {
 	redistest.Long(t)
+	t.Parallel()
 	const readTimeout = 500 * time.Millisecond
 	for _, tc := range []struct {
 		name      string
@@ -391,6 +393,7 @@ func TestFaultFailOpen(t *testing.T) {
 // timed-out read MaxRetries times, and each retry can take them again.
 func TestFaultLostReply(t *testing.T) {
 	redistest.Long(t)
+	t.Parallel()
 	for _, tc := range []struct {
 		retries int
 		taken   int // tokens the lost reply costs

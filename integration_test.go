@@ -289,6 +289,7 @@ func warm(t *testing.T, rdb redis.UniversalClient, name string, n int) {
 
 func TestSwarmNeverOverIssues(t *testing.T) {
 	redistest.Long(t)
+	t.Parallel()
 	rdb := newServerClient(t)
 	l := NewLimiter(rdb)
 	lim := Limit{Rate: 10, Burst: 5}
@@ -348,6 +349,7 @@ func checkCatchesNaive(t *testing.T, what string, grants []stamp, lim Limit) {
 
 func TestSwarmCatchesNaiveGetThenSet(t *testing.T) {
 	redistest.Long(t)
+	t.Parallel()
 	rdb := newServerClient(t)
 	lim := Limit{Rate: 10, Burst: 5}
 	warm(t, rdb, "naive", 25)
@@ -362,6 +364,7 @@ func TestSwarmCatchesNaiveGetThenSet(t *testing.T) {
 
 func TestSwarmWithLaggingCallerClocks(t *testing.T) {
 	redistest.Long(t)
+	t.Parallel()
 	rdb := newServerClient(t)
 	lim := Limit{Rate: 10, Burst: 5}
 	const skew = 300 * time.Millisecond
@@ -574,6 +577,7 @@ func TestReportedWaitIsExact(t *testing.T) {
 
 func TestScriptFlushMidRun(t *testing.T) {
 	redistest.Long(t)
+	t.Parallel()
 	srv := redistest.Start(t)
 	rdb, admin := srv.Client(t), srv.Client(t)
 	logs := &logRecorder{}
@@ -919,6 +923,7 @@ func mergeStamps(reports []workerReport) []stamp {
 
 func TestSwarmAcrossProcesses(t *testing.T) {
 	redistest.Long(t)
+	t.Parallel()
 	srv := redistest.Start(t)
 	lim := Limit{Rate: 10, Burst: 5}
 	reports := runWorkers(t, 3, workerSpec{Addr: srv.Addr(), Key: "procs", Limit: lim, Goroutines: 10, Duration: 3 * time.Second})
@@ -930,6 +935,7 @@ func TestSwarmAcrossProcesses(t *testing.T) {
 
 func TestSwarmAcrossProcessesCatchesNaive(t *testing.T) {
 	redistest.Long(t)
+	t.Parallel()
 	srv := redistest.Start(t)
 	lim := Limit{Rate: 10, Burst: 5}
 	reports := runWorkers(t, 3, workerSpec{Addr: srv.Addr(), Key: "naive-procs", Limit: lim, Goroutines: 10, Duration: 2 * time.Second, Naive: true})

@@ -57,6 +57,7 @@ func checkLayers(t *testing.T, reports []workerReport, layers []Limit) {
 
 func TestLayersAcrossProcesses(t *testing.T) {
 	redistest.Long(t)
+	t.Parallel()
 	srv := redistest.Start(t)
 	reports := runWorkers(t, 3, workerSpec{Addr: srv.Addr(), Key: "layers", Limit: threeLayers[0], Layers: threeLayers[1:], Goroutines: 10, Duration: 3 * time.Second})
 	checkLayers(t, reports, threeLayers)
@@ -64,6 +65,7 @@ func TestLayersAcrossProcesses(t *testing.T) {
 
 func TestLayersOnCluster(t *testing.T) {
 	redistest.Long(t)
+	t.Parallel()
 	cluster := redistest.StartCluster(t, 3, 1)
 	cc := cluster.Client(t)
 	l := NewLimiter(cc)
@@ -89,6 +91,7 @@ func TestLayersOnCluster(t *testing.T) {
 // in tokens.
 func TestWeightedAcrossProcesses(t *testing.T) {
 	redistest.Long(t)
+	t.Parallel()
 	srv := redistest.Start(t)
 	lim := Limit{Rate: 30, Burst: 15}
 	const cost = 3
@@ -108,6 +111,7 @@ func TestWeightedAcrossProcesses(t *testing.T) {
 // requests; without them they spend the bucket's burst.
 func TestProviderHeadersAcrossProcesses(t *testing.T) {
 	redistest.Long(t)
+	t.Parallel()
 	const burst = 30
 	run := func(headers bool) int {
 		srv := redistest.Start(t)

@@ -115,6 +115,7 @@ func TestParkedCallersHearTheResume(t *testing.T) {
 // resume is what the debt takes at the new rate.
 func TestLimitChangeDuringAPause(t *testing.T) {
 	redistest.Long(t)
+	t.Parallel()
 	srv := redistest.Start(t)
 	l := NewLimiter(srv.Client(t))
 	ctx := context.Background()
@@ -168,6 +169,7 @@ func TestLimitChangeDuringAPause(t *testing.T) {
 // for years, by a Limit or by a pause: every one sleeps between calls.
 func TestNothingSpins(t *testing.T) {
 	redistest.Long(t)
+	t.Parallel()
 	srv := redistest.Start(t)
 	for _, tc := range []struct {
 		name  string
@@ -271,6 +273,7 @@ func TestNothingSpins(t *testing.T) {
 // keeps to the rate, and nothing reaches it inside a pause.
 func TestSlotWaitersKeepTheRate(t *testing.T) {
 	redistest.Long(t)
+	t.Parallel()
 	srv := redistest.Start(t)
 	p := &inFlight{latency: 2 * time.Second} // the provider holds each request 2s
 	provider := httptest.NewServer(p)
@@ -341,6 +344,7 @@ func TestSlotWaitersKeepTheRate(t *testing.T) {
 // give-back sent twice counts once.
 func TestGiveBackKeepsTheRetryAfter(t *testing.T) {
 	redistest.Long(t)
+	t.Parallel()
 	srv := redistest.Start(t)
 	var n atomic.Int64
 	var mu sync.Mutex
@@ -537,6 +541,7 @@ func TestMissedAnnouncementBound(t *testing.T) {
 // Transports that share it through WithLimiter add none.
 func TestOneSubscriptionPerLimiter(t *testing.T) {
 	redistest.Long(t)
+	t.Parallel()
 	srv := redistest.Start(t)
 	rdb := srv.Client(t)
 	l := NewLimiter(rdb)

@@ -18,6 +18,7 @@ import (
 // (the record 10 s after its last read at most).
 func TestFloodOfHostsExpires(t *testing.T) {
 	redistest.Long(t)
+	t.Parallel()
 	srv := redistest.Start(t)
 	rdb, admin := srv.Client(t), srv.Client(t)
 	ctx := context.Background()

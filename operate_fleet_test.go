@@ -15,6 +15,7 @@ import (
 // a pause of 2s, a pause forever and a resume, and status in between.
 func TestQuotaCommandsOnAFleet(t *testing.T) {
 	redistest.Long(t)
+	t.Parallel()
 	bin := quotaBinary(t)
 	srv := redistest.Start(t)
 	url := "redis://" + srv.Addr()

@@ -96,6 +96,7 @@ func lastRun(ts []time.Time, from time.Time, span time.Duration) time.Time {
 
 func TestSetLimitReachesEveryLimiter(t *testing.T) {
 	redistest.Long(t)
+	t.Parallel()
 	srv := redistest.Start(t)
 	ls := fleetOf(t, srv, 3)
 	operator := NewLimiter(srv.Client(t))
@@ -154,6 +155,7 @@ type deaf struct{ redis.Scripter }
 // the provider as a burst once it hears: they are taken again.
 func TestGrantsOutpacedByAChangeAreTakenAgain(t *testing.T) {
 	redistest.Long(t)
+	t.Parallel()
 	srv := redistest.Start(t)
 	stale := NewLimiter(deaf{srv.Client(t)})
 	operator := NewLimiter(srv.Client(t))
@@ -190,6 +192,7 @@ func TestGrantsOutpacedByAChangeAreTakenAgain(t *testing.T) {
 
 func TestPauseHoldsEveryGrant(t *testing.T) {
 	redistest.Long(t)
+	t.Parallel()
 	srv := redistest.Start(t)
 	ls := fleetOf(t, srv, 3)
 	operator := NewLimiter(srv.Client(t))
@@ -433,6 +436,7 @@ func TestOverrideAppliesToTheFirstLayerOnly(t *testing.T) {
 
 func TestControlReadsAreBounded(t *testing.T) {
 	redistest.Long(t)
+	t.Parallel()
 	srv := redistest.Start(t)
 	rdb := srv.Client(t)
 	cmds := newCmdCounter()

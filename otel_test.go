@@ -90,6 +90,7 @@ func (spanContextHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis
 
 func TestWaitSpan(t *testing.T) {
 	redistest.Long(t)
+	t.Parallel()
 	tel := newTelemetry(t)
 	mr := miniredis.RunT(t)
 	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})

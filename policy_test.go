@@ -48,6 +48,7 @@ func degradedMini(t *testing.T, p Policy) (*miniredis.Miniredis, *Limiter, *logR
 
 func TestPolicies(t *testing.T) {
 	redistest.Long(t)
+	t.Parallel()
 	ctx := context.Background()
 	lim := Limit{Rate: 100, Burst: 10}
 	for _, tc := range []struct {
@@ -128,6 +129,7 @@ func TestPolicies(t *testing.T) {
 
 func TestOutageLogRecord(t *testing.T) {
 	redistest.Long(t)
+	t.Parallel()
 	mr, l, logs := degradedMini(t, FallbackLocal(3))
 	addr := mr.Addr()
 	mr.Close()
@@ -219,6 +221,7 @@ func TestClassify(t *testing.T) {
 
 func TestCountingWorkers(t *testing.T) {
 	redistest.Long(t)
+	t.Parallel()
 	mr := miniredis.RunT(t)
 	policy := FallbackLocal(2).CountingWorkers()
 	var ls []*Limiter

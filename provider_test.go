@@ -123,6 +123,7 @@ func tokenAfter(t *testing.T, l *Limiter, name string, lim Limit, begun, ended t
 
 func TestRetryAfterPausesTheFleet(t *testing.T) {
 	redistest.Long(t)
+	t.Parallel()
 	_, rdb, _ := newMini(t)
 	rdb.AddHook(dueHook{})
 	var status atomic.Int64
@@ -191,6 +192,7 @@ func TestMaxPause(t *testing.T) {
 // at the same instant: the retry waits once, not twice.
 func TestRetryAfterIsNotDoubledByRetryablehttp(t *testing.T) {
 	redistest.Long(t)
+	t.Parallel()
 	r := retryAfter429(t, PerSecond(100))
 	t.Logf("the retry came %v after the 429 with Retry-After: 1; its take waited %v", r.gap, r.retry.Wait)
 	// The retry's take comes when retryablehttp has slept the Retry-After

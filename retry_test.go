@@ -86,6 +86,7 @@ func TestRetryEveryAttemptTakesAToken(t *testing.T) {
 
 func TestRetryAfter429WaitsForATokenToo(t *testing.T) {
 	redistest.Long(t)
+	t.Parallel()
 	// One token, refilled every 2s: the retry, due 1s after the 429 by its
 	// Retry-After, still has to wait for its token. The pause moved the
 	// bucket's queue by its length, as every pause does: the token falls

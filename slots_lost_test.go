@@ -101,6 +101,7 @@ func TestForgottenWaiterQueuesAgain(t *testing.T) {
 // take it within about a lease.
 func TestForgottenWaiterTakesAFreeSlot(t *testing.T) {
 	redistest.Long(t)
+	t.Parallel()
 	const lease = time.Second
 	srv := redistest.Start(t)
 	rdb := srv.Client(t)
@@ -168,6 +169,7 @@ func (*failRenewals) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.P
 // the slot released next goes to a caller that waits for it.
 func TestAbandonedWaitersLeaveTheQueue(t *testing.T) {
 	redistest.Long(t)
+	t.Parallel()
 	const lease = 3 * time.Second
 	srv := redistest.Start(t)
 	rdb := srv.Client(t)

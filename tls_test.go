@@ -27,6 +27,7 @@ import (
 // tokens.
 func TestTLS(t *testing.T) {
 	redistest.Long(t)
+	t.Parallel()
 	dir := t.TempDir()
 	ca, caKey := newCert(t, nil, nil, "quota test CA")
 	leaf, leafKey := newCert(t, ca, caKey, "127.0.0.1")

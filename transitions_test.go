@@ -176,6 +176,7 @@ func TestOverloadKeepsFirstComeFirstServed(t *testing.T) {
 // pause, so that they keep their order and the bucket's rate.
 func TestPauseMovesSleepers(t *testing.T) {
 	redistest.Long(t)
+	t.Parallel()
 	t.Run("server", func(t *testing.T) {
 		srv := redistest.Start(t)
 		pauseMovesSleepers(t, srv.Client(t), srv.Client(t))
@@ -251,6 +252,7 @@ func pauseMovesSleepers(t *testing.T, rdb, other redis.UniversalClient) {
 // rate, not all at once.
 func TestPauseReachesEveryProcess(t *testing.T) {
 	redistest.Long(t)
+	t.Parallel()
 	srv := redistest.Start(t)
 	var (
 		mu       sync.Mutex
@@ -326,6 +328,7 @@ type transition struct {
 // second's rate for the callers' wake-ups on two busy cores.
 func TestTransitionsAcrossProcesses(t *testing.T) {
 	redistest.Long(t)
+	t.Parallel()
 	for _, tc := range []struct {
 		lim        Limit
 		goroutines int
@@ -334,6 +337,7 @@ func TestTransitionsAcrossProcesses(t *testing.T) {
 		{Limit{Rate: 10, Burst: 4}, 5},
 	} {
 		t.Run(tc.lim.String(), func(t *testing.T) {
+			t.Parallel()
 			const procs = 4
 			srv := redistest.Start(t)
 			prov := newProvider(t)
@@ -488,6 +492,7 @@ func histogram(ts []time.Time, from time.Time, w time.Duration) []int {
 // pause: listening begins by reading the pause in force.
 func TestPauseBeforeListening(t *testing.T) {
 	redistest.Long(t)
+	t.Parallel()
 	srv := redistest.Start(t)
 	a, b := NewLimiter(srv.Client(t)), NewLimiter(srv.Client(t))
 	lim := Limit{Rate: 10, Burst: 1}

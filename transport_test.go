@@ -282,6 +282,7 @@ func TestTransportDoesNotModifyRequest(t *testing.T) {
 
 func TestTransportClosesBodyOnError(t *testing.T) {
 	redistest.Long(t)
+	t.Parallel()
 	_, rdb, _ := newMini(t)
 	base := roundTripFunc(func(r *http.Request) (*http.Response, error) {
 		t.Error("a refused request reached the base RoundTripper")
@@ -448,6 +449,7 @@ func TestRefundKeepsLaterCallersPlaces(t *testing.T) {
 
 func TestMaxWaitAsksAgain(t *testing.T) {
 	redistest.Long(t)
+	t.Parallel()
 	_, rdb, cmds := newMini(t)
 	rdb.AddHook(dueHook{})
 	l := NewLimiter(rdb, WithMaxWait(100*time.Millisecond))

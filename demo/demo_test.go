@@ -79,6 +79,7 @@ const arrivalJitter = 100 * time.Millisecond
 // fleet sharing one bucket from one that does not.
 func TestDemo(t *testing.T) {
 	requireRedis(t)
+	t.Parallel()
 	out := t.TempDir()
 	// Three goroutines at 5/s queue at most 0.6 s ahead; Redis is down for
 	// 1.8 s (from 35% to 65% of 6 s), so the queue is served well before
@@ -311,6 +312,7 @@ func windowExcess(at []float64, burst, rate float64) excess {
 // the pause holds at most one token plus the rate over it.
 func TestDemoPause(t *testing.T) {
 	requireRedis(t)
+	t.Parallel()
 	out := t.TempDir()
 	cfg, err := parseFlags([]string{"-pause", "2s", "-json", "-out", out}, os.Stderr)
 	if err != nil {
