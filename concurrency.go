@@ -52,6 +52,9 @@ func (l *Limiter) AcquireSlot(ctx context.Context, name string, n int) (_ *Slot,
 	if err == slots.ErrNone {
 		return &Slot{}, nil // under dry run: it would have waited
 	}
+	if err == nil {
+		l.slots.InUse(slot.set, slot.id) // the caller's work begins
+	}
 	return slot, err
 }
 
@@ -74,16 +77,16 @@ func (l *Limiter) acquireSlot(ctx context.Context, span *waitSpan, b bucket, n i
 		if mode != ModeShared {
 			span.mode = mode
 			l.degraded(b)
-			return l.degradedSlot(ctx, b, n, mode, try)
+			slot, err := l.degradedSlot(ctx, b, n, mode, try)
+			if err == slots.ErrAgain {
+				continue // Redis answers again
+			}
+			return slot, err
 		}
 		set, id, err := l.slots.Acquire(ctx, b.Name, b.Keys[0], n, try)
 		switch {
 		case err == nil:
-			l.obs.slotHeld(ModeShared, b.Name, 1)
-			return &Slot{release: func() {
-				l.slots.Release(set, id)
-				l.obs.slotHeld(ModeShared, b.Name, -1)
-			}}, nil
+			return l.heldSlot(ModeShared, b.Name, set, id), nil
 		case err == slots.ErrNone:
 			return nil, err
 		}
@@ -101,38 +104,30 @@ func (l *Limiter) acquireSlot(ctx context.Context, span *waitSpan, b bucket, n i
 }
 
 // degradedSlot serves a slot by the Policy while Redis is unavailable.
+// The slots it grants are counted with those Redis granted before, and
+// held in Redis once it answers again, before the fleet resumes the
+// shared slots (see settleLocal).
 func (l *Limiter) degradedSlot(ctx context.Context, b bucket, n int, mode Mode, try bool) (*Slot, error) {
 	switch mode {
 	case ModeOpen:
 		l.breaker.Served()
-		return &Slot{}, nil
+		set, id := l.slots.HoldOpen(b.Name, b.Keys[0], n)
+		return l.heldSlot(ModeOpen, b.Name, set, id), nil
 	case ModeLocal:
 		share := max(n/l.workers.Divisor(l.cfg.policy.workers), 1)
-		sem, err := l.localSlots.Get(b.Keys[0], share)
+		set, id, err := l.slots.AcquireLocal(ctx, b.Name, b.Keys[0], n, share, try)
 		if err != nil {
-			l.breaker.Refused()
-			return nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
-		}
-		if try {
-			select {
-			case sem <- struct{}{}:
-			default:
-				return nil, slots.ErrNone
-			}
-		} else {
-			select {
-			case sem <- struct{}{}:
-			case <-ctx.Done():
-				return nil, ctx.Err()
-			}
+			return nil, err
 		}
 		l.breaker.Served()
-		l.obs.slotHeld(ModeLocal, b.Name, 1)
-		return &Slot{release: func() {
-			<-sem
-			l.obs.slotHeld(ModeLocal, b.Name, -1)
-		}}, nil
+		return l.heldSlot(ModeLocal, b.Name, set, id), nil
 	}
 	l.breaker.Refused()
 	return nil, fmt.Errorf("%w: %w", ErrUnavailable, l.breaker.Cause())
+}
+
+// heldSlot returns the Slot of the slot id of set, granted in mode.
+func (l *Limiter) heldSlot(mode Mode, name string, set *slots.Set, id string) *Slot {
+	l.obs.slotHeld(mode, name, slotHeld, 1)
+	return &Slot{l: l, mode: mode, name: name, set: set, id: id}
 }

@@ -523,4 +523,63 @@ func TestSlotTelemetry(t *testing.T) {
 		tel.reader.Collect(ctx, &rm)
 		return sumOf(rm, "quota.slots.held", []attribute.KeyValue{attrMode.String("shared")}) == 0
 	})
+	rm = metricdata.ResourceMetrics{}
+	tel.reader.Collect(ctx, &rm)
+	if n := sumOf(rm, "quota.slot.events", []attribute.KeyValue{attrSlotEvent.String(slotHanded)}); n != 1 {
+		t.Errorf("%d slots handed, want 1: the second waited for the first's release", n)
+	}
+	if find(rm, "quota.slot.wait.duration") == nil {
+		t.Error("no quota.slot.wait.duration")
+	}
+}
+
+// TestSlotLingerTelemetry: a request cancelled after it was written keeps
+// its slot for the linger, in the gauge as lingering, then lets it go.
+func TestSlotLingerTelemetry(t *testing.T) {
+	redistest.Long(t)
+	t.Parallel()
+	rdb := newServerClient(t)
+	tel := newTelemetry(t)
+	arrived := make(chan struct{}, 1)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		arrived <- struct{}{}
+		<-r.Context().Done()
+	}))
+	defer srv.Close()
+	const linger = 500 * time.Millisecond
+	client := &http.Client{Transport: NewTransport(rdb, fastLimit, tel.transportOptions(WithConcurrency(1), WithSlotLinger(linger))...)}
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() {
+		<-arrived
+		cancel()
+	}()
+	req, _ := http.NewRequestWithContext(ctx, "GET", srv.URL, nil)
+	if _, err := client.Do(req); err == nil {
+		t.Fatal("want the cancellation")
+	}
+	cancelled := time.Now()
+	lingering := func() int64 {
+		var rm metricdata.ResourceMetrics
+		tel.reader.Collect(context.Background(), &rm)
+		return sumOf(rm, "quota.slots.held", []attribute.KeyValue{attrSlotState.String(slotLingering)})
+	}
+	if n := lingering(); n != 1 {
+		t.Errorf("%d slots lingering after the cancel, want 1", n)
+	}
+	// The slot is still held: another request waits for it.
+	req, _ = http.NewRequest("GET", srv.URL, nil)
+	wctx, wcancel := context.WithTimeout(context.Background(), linger/5)
+	defer wcancel()
+	if _, err := client.Do(req.WithContext(wctx)); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("a request during the linger: %v, want to wait for the slot", err)
+	}
+	eventually(t, 5*time.Second, "the lingering slot let go", func() bool { return lingering() == 0 })
+	if d := time.Since(cancelled); d < linger {
+		t.Errorf("let go %v after the cancel, want the linger, %v", d, linger)
+	}
+	var rm metricdata.ResourceMetrics
+	tel.reader.Collect(context.Background(), &rm)
+	if n := sumOf(rm, "quota.slot.events", []attribute.KeyValue{attrSlotEvent.String(slotLingered)}); n != 1 {
+		t.Errorf("%d lingered events, want 1", n)
+	}
 }

@@ -91,6 +91,9 @@ func (l *Limiter) localWait(ctx context.Context, b bucket, n float64, noWait boo
 // goes on. Any other is counted and logged, and leaves that bucket as
 // Redis has it.
 func (l *Limiter) settleLocal() error {
+	if err := l.registerSlots(); err != nil {
+		return err
+	}
 	if !l.handOver {
 		return nil
 	}
@@ -124,9 +127,39 @@ const resumeDelay = breaker.MaxBackoff + 250*time.Millisecond
 // one to find Redis again recorded. It is zero for a policy without local
 // shares, and when Redis cannot say.
 func (l *Limiter) resumeIn(ctx context.Context) time.Duration {
+	_ = l.registerSlots() // again at the resume: settleLocal
 	if l.cfg.policy.mode() != ModeLocal || !l.handOver {
 		return 0
 	}
 	d, _ := l.resume.In(ctx, resumeDelay, l.store.Now())
 	return d
+}
+
+// registerSlots holds in Redis the concurrency slots in use here that it
+// does not hold: those the policy granted, and those Redis lost during the
+// outage. It runs once Redis answers, and again as the breaker closes, so
+// that the slots in use across the fleet are counted before any is granted
+// from Redis.
+func (l *Limiter) registerSlots() error {
+	if !registerAtResume {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), breaker.ProbeTimeout)
+	defer cancel()
+	err := l.slots.Register(ctx)
+	if err != nil && errors.Is(l.classify(context.Background(), err), ErrUnavailable) {
+		return err
+	}
+	return nil
+}
+
+// registerAtResume is off only in tests: the slots in use are held in
+// Redis again only as their renewals come.
+var registerAtResume = true
+
+// closed runs as the breaker closes: the shared bucket and slots serve
+// again, and the callers waiting for a slot of the local share ask Redis.
+func (l *Limiter) closed() {
+	l.locals.Reset()
+	l.slots.Shared()
 }

@@ -21,6 +21,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/sharedquota/quota/internal/redistest"
+	"github.com/sharedquota/quota/internal/slots"
 	"github.com/sharedquota/quota/internal/store"
 )
 
@@ -81,7 +82,9 @@ func swarm(ctx context.Context, goroutines int, start time.Time, d time.Duration
 			for time.Now().Before(end) {
 				actx, rec := withDueRecord(ctx)
 				if err := acquire(actx); err != nil {
-					errs <- err
+					if err != errSwarmEnded {
+						errs <- err
+					}
 					return
 				}
 				s := stamp{Due: rec.Due, Waited: rec.Waited, Behind: rec.Behind, Woke: time.Now()}
@@ -99,6 +102,10 @@ func swarm(ctx context.Context, goroutines int, start time.Time, d time.Duration
 	slices.SortFunc(grants, func(a, b stamp) int { return a.Woke.Compare(b.Woke) })
 	return grants, <-errs
 }
+
+// errSwarmEnded ends a swarm's goroutine quietly: its acquisition failed
+// because the run's deadline came (workerSpec.Deadline).
+var errSwarmEnded = errors.New("the run ended")
 
 // maxInWindow returns the largest number of grants in any window of length
 // w, closed at both ends. grants must be sorted.
@@ -643,6 +650,21 @@ type workerSpec struct {
 
 	Concurrency int           // with WithConcurrency(Concurrency) when above zero
 	SlotLease   time.Duration // with WithSlotLease(SlotLease) when above zero
+
+	// Linger, when above zero, is WithSlotLinger(Linger); below zero,
+	// WithSlotLinger(0).
+	Linger time.Duration
+	// NoRegister never holds in Redis the slots in use that it does not
+	// hold: those granted during an outage stay unknown to it.
+	NoRegister bool
+	// NoLeaseCheck sends on a slot without checking its lease first.
+	NoLeaseCheck bool
+	// Stagger starts worker i's run i×Stagger after the first's.
+	Stagger time.Duration
+	// Deadline gives every acquisition a deadline at the end of its
+	// worker's run, as a job with a time budget does: the last ones end
+	// cancelled, and a failure that the deadline caused is no error.
+	Deadline bool
 }
 
 // workerStart is the parent's go-ahead, sent on a worker's stdin once every
@@ -698,6 +720,15 @@ func (spec workerSpec) transportOptions() []TransportOption {
 	if spec.Concurrency > 0 {
 		opts = append(opts, WithConcurrency(spec.Concurrency))
 	}
+	if len(spec.Layers) > 0 {
+		opts = append(opts, WithLayers(spec.Layers...))
+	}
+	switch {
+	case spec.Linger > 0:
+		opts = append(opts, WithSlotLinger(spec.Linger))
+	case spec.Linger < 0:
+		opts = append(opts, WithSlotLinger(0))
+	}
 	return opts
 }
 
@@ -737,6 +768,9 @@ func runWorker() int {
 		fmt.Fprintln(os.Stderr, "worker:", err)
 		return 2
 	}
+	checkLeases = !spec.NoLeaseCheck
+	registerAtResume = !spec.NoRegister
+	slots.Reregister = !spec.NoRegister
 	// The client stays open until the process exits: closing it after the
 	// run would fail the Limiter's bucket updates still in flight, and log
 	// them.
@@ -759,7 +793,21 @@ func runWorker() int {
 		fmt.Fprintln(os.Stderr, "worker: no start from the parent:", err)
 		return 2
 	}
-	grants, err := swarm(context.Background(), spec.Goroutines, start.Start, spec.Duration, acquire)
+	ctx = context.Background()
+	if spec.Deadline {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, start.Start.Add(spec.Duration))
+		defer cancel()
+		inner := acquire
+		acquire = func(actx context.Context) error {
+			err := inner(actx)
+			if err != nil && actx.Err() != nil {
+				return errSwarmEnded
+			}
+			return err
+		}
+	}
+	grants, err := swarm(ctx, spec.Goroutines, start.Start, spec.Duration, acquire)
 	rep := workerReport{Stamps: grants, Commands: int64(cmds.total())}
 	for _, g := range grants {
 		rep.Grants = append(rep.Grants, g.Woke)
@@ -872,8 +920,8 @@ func startWorkers(t *testing.T, procs int, spec workerSpec) *runningWorkers {
 		}
 	}
 	at := time.Now().Add(workerStartMargin)
-	start, _ := json.Marshal(workerStart{Start: at})
 	for i, p := range ps {
+		start, _ := json.Marshal(workerStart{Start: at.Add(time.Duration(i) * spec.Stagger)})
 		if _, err := fmt.Fprintf(p.in, "%s\n", start); err != nil {
 			t.Fatalf("worker %d: %v", i, err)
 		}
@@ -889,7 +937,7 @@ func (w *runningWorkers) wait(t *testing.T) []workerReport {
 
 	// A worker that does not report in time is killed, which ends its
 	// output and fails the decoding below.
-	kill := time.AfterFunc(time.Until(w.start)+w.spec.Duration+workerEndTimeout, func() {
+	kill := time.AfterFunc(time.Until(w.start)+time.Duration(procs)*w.spec.Stagger+w.spec.Duration+workerEndTimeout, func() {
 		for _, p := range ps {
 			_ = p.cmd.Process.Kill()
 		}

@@ -30,19 +30,18 @@ import (
 // waits for a token before each HTTP request; Wait serves everything else,
 // and Allow takes a token only if there is one now.
 type Limiter struct {
-	cfg        config
-	store      *store.Store
-	obs        observer
-	breaker    *breaker.Breaker
-	handOver   bool // FallbackLocal's coordinated resume (off only in tests)
-	locals     local.Shares
-	workers    local.Workers
-	updates    updates
-	slots      *slots.Slots
-	localSlots local.Slots
-	resume     *local.Resume
-	events     *redisx.Listener
-	controls   *control.Controls
+	cfg      config
+	store    *store.Store
+	obs      observer
+	breaker  *breaker.Breaker
+	handOver bool // FallbackLocal's coordinated resume (off only in tests)
+	locals   local.Shares
+	workers  local.Workers
+	updates  updates
+	slots    *slots.Slots
+	resume   *local.Resume
+	events   *redisx.Listener
+	controls *control.Controls
 }
 
 // NewLimiter returns a Limiter that keeps its buckets in rdb, which may be a
@@ -73,7 +72,17 @@ func newLimiter(rdb redis.Scripter, cfg config) *Limiter {
 		resume: local.NewResume(rdb, cfg.prefix),
 		events: redisx.NewListener(rdb, cfg.prefix+control.Channel, controlIdle),
 	}
-	l.slots = slots.New(rdb, l.events, cfg.prefix+control.Channel, cfg.clock, cfg.slotLease, cfg.logger)
+	l.slots = slots.New(rdb, l.events, cfg.prefix+control.Channel, cfg.clock, cfg.slotLease, cfg.logger, slots.Events{
+		Handed: func(name string, n int) { l.obs.slotEvent(name, slotHanded, n) },
+		Checked: func(name string, kept bool) {
+			if kept {
+				l.obs.slotEvent(name, slotRenewed, 1)
+			} else {
+				l.obs.slotEvent(name, slotLapsed, 1)
+			}
+		},
+		Registered: func(name string, n int) { l.obs.slotEvent(name, slotRegistered, n) },
+	})
 	l.controls = control.New(l.store.Script(), cfg.prefix+control.Channel, cfg.clock, l.events)
 	l.events.Handle(redisx.Handlers{
 		Message: l.announced,
@@ -97,7 +106,7 @@ func newLimiter(rdb redis.Scripter, cfg config) *Limiter {
 		Level:       func(m int32) slog.Level { return levelFor(Mode(m)) },
 		ResumeIn:    l.resumeIn,
 		Closing:     l.settleLocal,
-		Closed:      l.locals.Reset,
+		Closed:      l.closed,
 	})
 	if cfg.policy.countWorkers {
 		l.workers.Count(rdb, cfg.prefix, cfg.clock)

@@ -75,6 +75,7 @@ type config struct {
 	noWait          bool
 	providerHeaders bool
 	concurrency     int
+	slotLinger      time.Duration // below zero: the bucket's observed p99
 
 	limiterOpts int // Options given, which WithLimiter refuses beside it
 }
@@ -89,7 +90,8 @@ func newConfig(opts []TransportOption) config {
 		key:      Host,
 		maxPause: DefaultMaxPause,
 
-		slotLease: DefaultSlotLease,
+		slotLease:  DefaultSlotLease,
+		slotLinger: -1,
 	}
 	for _, o := range opts {
 		o.apply(&c)
@@ -324,23 +326,46 @@ func WithMaxPause(d time.Duration) TransportOption {
 // request's bucket while the request is in flight, so that at most n
 // requests of a bucket are in flight at once across every process that
 // shares the Redis, as providers limit concurrent requests beside their
-// rate. The request takes its tokens first and seeks its slot once they
-// fall due, so that a request waiting for tokens holds no slot; one that
-// gets no slot hands its tokens back.
+// rate. The request waits out a pause, then for its slot, then for its
+// tokens, so that it never goes on tokens taken before it waited for a
+// slot. Just before it is sent, a slot whose lease has less than a quarter
+// left is renewed, and one whose lease ended (its process stalled longer
+// than the lease, and the slot may have gone to another) is given up: the
+// request queues again.
 //
 // A request holds its slot from its grant until the first of: its
-// response body is closed, its response body is read to the end, or
-// RoundTrip returns an error. A response without a body (http.NoBody)
-// releases it at once. A response whose body is never closed holds its
-// slot until the body is garbage collected, so close bodies as net/http
-// asks. Waiting for a slot is first come, first served across the fleet and
-// lasts until the request's context ends (see Limiter.AcquireSlot). It
-// panics if n is less than 1.
+// response body is read to the end, its response body is closed, or
+// RoundTrip returns an error. An error before the request was written (a
+// dial that failed, a refused grant) releases the slot at once. A request
+// whose context ends after it was written, or whose response body fails,
+// may still be at work at the provider, which counts it: its slot lingers
+// (see WithSlotLinger). A response without a body (http.NoBody) releases it
+// at once. A response whose body is never closed holds its slot until the
+// body is garbage collected, so close bodies as net/http asks. Waiting for
+// a slot is first come, first served across the fleet and lasts until the
+// request's context ends (see Limiter.AcquireSlot). It panics if n is less
+// than 1.
 func WithConcurrency(n int) TransportOption {
 	if n < 1 {
 		panic(fmt.Sprintf("quota: WithConcurrency(%d): want at least one slot", n))
 	}
 	return transportOpt(func(c *config) { c.concurrency = n })
+}
+
+// WithSlotLinger sets how long a concurrency slot stays held after its
+// request ended while the provider may still work on it: RoundTrip failed
+// after the request was written (its context ended, the connection broke),
+// a response body failed, or one was closed before its end as its
+// request's context ended. By default a slot lingers for the 99th
+// percentile of the bucket's response times measured by this Transport
+// (from the request sent to its body read to the end, the latest 128),
+// and for the slot lease until 16 are known. Zero releases at once. It
+// panics if d is negative.
+func WithSlotLinger(d time.Duration) TransportOption {
+	if d < 0 {
+		panic(fmt.Sprintf("quota: WithSlotLinger(%v): the linger must not be negative", d))
+	}
+	return transportOpt(func(c *config) { c.slotLinger = d })
 }
 
 // WithSlotLease sets the lease of a concurrency slot, DefaultSlotLease

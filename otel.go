@@ -33,6 +33,8 @@ const (
 	attrPause      = attribute.Key("quota.pause.seconds")
 	attrSlots      = attribute.Key("quota.slots.limit")
 	attrSlotWait   = attribute.Key("quota.slot.wait.seconds")
+	attrSlotState  = attribute.Key("quota.slot.state")
+	attrSlotEvent  = attribute.Key("quota.slot.event")
 	attrDryRun     = attribute.Key("quota.dry_run")
 	attrErrorType  = attribute.Key("error.type")
 )
@@ -49,6 +51,8 @@ type observer struct {
 	acquisitions metric.Int64Counter
 	refunds      metric.Int64Counter
 	slotsHeld    metric.Int64UpDownCounter
+	slotWaits    metric.Float64Histogram
+	slotEvents   metric.Int64Counter
 	keys         bool // raw keys as metric attributes
 }
 
@@ -75,22 +79,53 @@ func newObserver(cfg config) observer {
 		metric.WithDescription("Cancelled waits that handed their tokens back to the bucket."),
 		metric.WithUnit("{refund}"))
 	o.slotsHeld, _ = meter.Int64UpDownCounter("quota.slots.held",
-		metric.WithDescription("Concurrency slots held now, by mode."),
+		metric.WithDescription("Concurrency slots held now, by mode and state: held, or lingering after a request that ended while the provider may still work on it."),
 		metric.WithUnit("{slot}"))
+	o.slotWaits, _ = meter.Float64Histogram("quota.slot.wait.duration",
+		metric.WithDescription("How long acquisitions waited for a concurrency slot."),
+		metric.WithUnit("s"),
+		metric.WithExplicitBucketBoundaries(waitBuckets...))
+	o.slotEvents, _ = meter.Int64Counter("quota.slot.events",
+		metric.WithDescription("What became of concurrency slots: handed (by a release, to a waiter here), lingered, renewed (a lease renewed before its request was sent), lapsed (a lease found ended before then: the request queued again), registered (a slot in use that Redis did not hold, held again)."),
+		metric.WithUnit("{event}"))
 	return o
 }
 
-// slotHeld adds d to the slots held in mode.
-func (o *observer) slotHeld(mode Mode, name string, d int64) {
-	ctx := context.Background()
-	if !o.slotsHeld.Enabled(ctx) {
-		return
-	}
+// The states of a held slot, and what becomes of slots.
+const (
+	slotHeld      = "held"
+	slotLingering = "lingering"
+
+	slotHanded     = "handed"
+	slotLingered   = "lingered"
+	slotRenewed    = "renewed"
+	slotLapsed     = "lapsed"
+	slotRegistered = "registered"
+)
+
+// attrs returns the attributes of a slot metric of the bucket called name.
+func (o *observer) attrs(name string, kv ...attribute.KeyValue) metric.MeasurementOption {
 	if o.keys {
-		o.slotsHeld.Add(ctx, d, metric.WithAttributes(attrMode.String(mode.String()), attrKey.String(name)))
-		return
+		kv = append(kv, attrKey.String(name))
 	}
-	o.slotsHeld.Add(ctx, d, metric.WithAttributes(attrMode.String(mode.String())))
+	return metric.WithAttributes(kv...)
+}
+
+// slotHeld adds d to the slots held in mode and state.
+func (o *observer) slotHeld(mode Mode, name, state string, d int64) {
+	ctx := context.Background()
+	if o.slotsHeld.Enabled(ctx) {
+		o.slotsHeld.Add(ctx, d, o.attrs(name, attrMode.String(mode.String()), attrSlotState.String(state)))
+	}
+}
+
+// slotEvent counts n events of what became of slots of the bucket called
+// name.
+func (o *observer) slotEvent(name, event string, n int) {
+	ctx := context.Background()
+	if o.slotEvents.Enabled(ctx) {
+		o.slotEvents.Add(ctx, int64(n), o.attrs(name, attrSlotEvent.String(event)))
+	}
 }
 
 // observeMode reports l's mode as the gauge quota.limiter.mode: 1 for the
@@ -181,6 +216,9 @@ func (s *waitSpan) end(err error) {
 		set := metric.WithAttributes(attrs...)
 		s.o.acquisitions.Add(ctx, 1, set)
 		s.o.waits.Record(ctx, waited, set)
+		if s.slots > 0 {
+			s.o.slotWaits.Record(ctx, s.slotWait.Seconds(), set)
+		}
 	}
 
 	if !s.span.IsRecording() {

@@ -4,9 +4,12 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"math"
 	"net/http"
+	"net/http/httptrace"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -30,6 +33,7 @@ type Transport struct {
 	limiter *Limiter
 	cfg     config
 	limit   Limit
+	times   request.Times // of the responses whose requests held a slot
 }
 
 var _ http.RoundTripper = (*Transport)(nil)
@@ -53,7 +57,7 @@ func NewTransport(rdb redis.Scripter, lim Limit, opts ...TransportOption) *Trans
 	shared := l.cfg
 	shared.limiter, shared.base, shared.key, shared.limits, shared.layers = l, cfg.base, cfg.key, cfg.limits, cfg.layers
 	shared.cost, shared.settle, shared.maxPause, shared.noWait = cfg.cost, cfg.settle, cfg.maxPause, cfg.noWait
-	shared.providerHeaders, shared.concurrency = cfg.providerHeaders, cfg.concurrency
+	shared.providerHeaders, shared.concurrency, shared.slotLinger = cfg.providerHeaders, cfg.concurrency, cfg.slotLinger
 	return &Transport{limiter: l, cfg: shared, limit: lim}
 }
 
@@ -79,21 +83,85 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if t.cfg.cost != nil {
 		cost = t.cfg.cost(req)
 	}
-	slot, err := t.limiter.acquire(req.Context(), name, ask{n: cost, lims: lims, slots: t.cfg.concurrency, noWait: t.cfg.noWait})
+	o := ask{n: cost, lims: lims, slots: t.cfg.concurrency, noWait: t.cfg.noWait}
+	slot, err := t.limiter.acquire(req.Context(), name, o)
 	if err != nil {
 		closeBody(req)
 		return nil, err
 	}
-	resp, err := t.cfg.base.RoundTrip(req)
+	if slot == nil {
+		resp, err := t.cfg.base.RoundTrip(req)
+		if err == nil {
+			t.learn(req.Context(), name, lims, cost, resp)
+		}
+		return resp, err
+	}
+	return t.send(req, name, lims, cost, o, slot)
+}
+
+// send sends req on slot, which it holds until the provider is done with
+// the request: to the end of the response body, or for a linger after the
+// request ended while the provider may still work on it.
+func (t *Transport) send(req *http.Request, name string, lims []Limit, cost float64, o ask, slot *Slot) (*http.Response, error) {
+	ctx := req.Context()
+	for {
+		ok, err := slot.confirm(ctx)
+		if ok {
+			break
+		}
+		if err != nil {
+			if cerr := t.limiter.classify(ctx, err); !errors.Is(cerr, ErrUnavailable) {
+				closeBody(req)
+				return nil, cerr
+			}
+			b, _ := t.limiter.bucket(name, lims)
+			t.limiter.trip(b, err)
+		}
+		// The slot's lease ended before the request went: it queues again.
+		if slot, err = t.limiter.acquire(ctx, name, o); err != nil {
+			closeBody(req)
+			return nil, err
+		}
+	}
+	var wrote atomic.Bool
+	sent := req.WithContext(httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
+		WroteHeaders: func() { wrote.Store(true) },
+	}))
+	start := time.Now()
+	resp, err := t.cfg.base.RoundTrip(sent)
 	if err != nil {
-		slot.Release()
+		if wrote.Load() {
+			slot.linger(t.linger(name))
+		} else {
+			slot.Release()
+		}
 		return nil, err
 	}
-	t.learn(req.Context(), name, lims, cost, resp)
-	if slot != nil {
-		request.Hold(resp, slot.Release)
-	}
+	t.learn(ctx, name, lims, cost, resp)
+	request.Hold(resp, func(end request.End) {
+		switch {
+		case end == request.Done:
+			t.times.Add(name, time.Since(start))
+			slot.Release()
+		case end == request.Closed && ctx.Err() == nil:
+			slot.Release() // the caller is done with it
+		default:
+			slot.linger(t.linger(name))
+		}
+	})
 	return resp, nil
+}
+
+// linger returns how long a slot of the bucket called name stays held
+// after its request ended while the provider may still work on it.
+func (t *Transport) linger(name string) time.Duration {
+	if t.cfg.slotLinger >= 0 {
+		return t.cfg.slotLinger
+	}
+	if d, ok := t.times.Quantile(name, 0.99); ok {
+		return d
+	}
+	return t.limiter.cfg.slotLease
 }
 
 // learn passes on to the bucket what the response says of the provider's

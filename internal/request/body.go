@@ -1,50 +1,72 @@
-// Package request wraps the body of a response so that it releases what
-// its request holds (a concurrency slot) when it is closed, read to the
-// end, or garbage collected unclosed.
+// Package request wraps the body of a response so that it tells how the
+// response ended (read to the end, closed early, failed, or garbage
+// collected unclosed), for the concurrency slot its request holds, and
+// keeps the response times the linger of a slot follows.
 package request
 
 import (
 	"io"
 	"net/http"
 	"runtime"
+	"sync"
 )
 
-// Hold makes resp's body call release, once it is closed or read to the
-// end, or garbage collected unclosed. A response without a body calls it
-// at once. release must be safe to call more than once.
-func Hold(resp *http.Response, release func()) {
+// An End is how a response body ended.
+type End int
+
+const (
+	Done   End = iota // read to the end, the provider's work over
+	Closed            // closed before its end, or garbage collected unclosed
+	Failed            // a read failed: the connection broke, or the context ended
+)
+
+// Hold makes resp's body call end once, when it is read to the end,
+// closed, fails or is garbage collected unclosed. A response without a
+// body calls end(Done) at once.
+func Hold(resp *http.Response, end func(End)) {
 	if resp.Body == nil || resp.Body == http.NoBody {
-		release()
+		end(Done)
 		return
 	}
-	body := &body{ReadCloser: resp.Body, release: release}
-	runtime.AddCleanup(body, func(release func()) { release() }, release)
+	e := &ender{end: end} // apart from the body, so that the cleanup can run
+	b := &body{ReadCloser: resp.Body, ender: e}
+	runtime.AddCleanup(b, func(e *ender) { e.call(Closed) }, e)
 	if w, ok := resp.Body.(io.Writer); ok {
 		// A 101 Switching Protocols body is also the connection's writer.
-		resp.Body = &bodyWriter{body, w}
+		resp.Body = &bodyWriter{b, w}
 		return
 	}
-	resp.Body = body
+	resp.Body = b
 }
 
-// body is a response body that calls release when it is closed or read
-// to the end.
+// An ender calls end once.
+type ender struct {
+	once sync.Once
+	end  func(End)
+}
+
+func (e *ender) call(how End) { e.once.Do(func() { e.end(how) }) }
+
+// body is a response body that tells how it ended.
 type body struct {
 	io.ReadCloser
-	release func()
+	*ender
 }
 
 func (b *body) Read(p []byte) (int, error) {
 	n, err := b.ReadCloser.Read(p)
-	if err == io.EOF {
-		b.release()
+	switch {
+	case err == io.EOF:
+		b.call(Done)
+	case err != nil:
+		b.call(Failed)
 	}
 	return n, err
 }
 
 func (b *body) Close() error {
 	err := b.ReadCloser.Close()
-	b.release()
+	b.call(Closed)
 	return err
 }
 

@@ -1,58 +1,91 @@
 package request
 
 import (
+	"errors"
 	"io"
 	"net/http"
 	"runtime"
 	"strings"
-	"sync/atomic"
 	"testing"
+	"testing/iotest"
 	"time"
 )
 
 func TestHold(t *testing.T) {
 	for _, tc := range []struct {
 		name string
+		body io.Reader
 		end  func(*http.Response)
+		want End
 	}{
-		{"closed", func(r *http.Response) { r.Body.Close() }},
-		{"read to EOF", func(r *http.Response) { io.Copy(io.Discard, r.Body) }},
-		{"no body", nil},
+		{"closed early", strings.NewReader("hello"), func(r *http.Response) { r.Body.Close() }, Closed},
+		{"read to EOF", strings.NewReader("hello"), func(r *http.Response) { io.Copy(io.Discard, r.Body); r.Body.Close() }, Done},
+		{"failed", iotest.ErrReader(errors.New("connection reset")), func(r *http.Response) { io.Copy(io.Discard, r.Body); r.Body.Close() }, Failed},
+		{"no body", nil, nil, Done},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			var released atomic.Int32
-			resp := &http.Response{Body: io.NopCloser(strings.NewReader("hello"))}
-			if tc.end == nil {
-				resp.Body = http.NoBody
+			var ends []End
+			resp := &http.Response{Body: http.NoBody}
+			if tc.body != nil {
+				resp.Body = io.NopCloser(tc.body)
 			}
-			Hold(resp, func() { released.Add(1) })
+			Hold(resp, func(e End) { ends = append(ends, e) })
 			if tc.end != nil {
-				if released.Load() != 0 {
-					t.Fatal("released before the body ended")
+				if len(ends) != 0 {
+					t.Fatal("ended before the body ended")
 				}
 				tc.end(resp)
 			}
-			if released.Load() == 0 {
-				t.Error("not released")
+			if len(ends) != 1 || ends[0] != tc.want {
+				t.Errorf("ended %v, want once, %v", ends, tc.want)
 			}
 		})
 	}
 	t.Run("dropped unclosed", func(t *testing.T) {
-		released := make(chan struct{})
+		ended := make(chan End, 1)
 		func() {
 			resp := &http.Response{Body: io.NopCloser(strings.NewReader("hello"))}
-			Hold(resp, func() { close(released) })
+			Hold(resp, func(e End) { ended <- e })
 		}()
 		deadline := time.After(5 * time.Second)
 		for {
 			runtime.GC()
 			select {
-			case <-released:
+			case e := <-ended:
+				if e != Closed {
+					t.Errorf("ended %v, want Closed", e)
+				}
 				return
 			case <-deadline:
-				t.Fatal("a body dropped unclosed was not released in 5s")
+				t.Fatal("a body dropped unclosed did not end in 5s")
 			case <-time.After(10 * time.Millisecond):
 			}
 		}
 	})
+}
+
+func TestTimes(t *testing.T) {
+	var ts Times
+	for i := range minTimes - 1 {
+		ts.Add("a", time.Duration(i+1)*time.Millisecond)
+	}
+	if _, ok := ts.Quantile("a", 0.99); ok {
+		t.Fatalf("a quantile of %d times, want none below %d", minTimes-1, minTimes)
+	}
+	for i := range 200 {
+		ts.Add("a", time.Duration(i%100+1)*time.Millisecond)
+	}
+	// The last 128 of 1..100 ms, 100 of them at most 100 ms.
+	if d, ok := ts.Quantile("a", 0.99); !ok || d < 90*time.Millisecond || d > 100*time.Millisecond {
+		t.Errorf("p99 %v %v, want about 100ms", d, ok)
+	}
+	if d, _ := ts.Quantile("a", 0.5); d < 20*time.Millisecond || d > 80*time.Millisecond {
+		t.Errorf("p50 %v, want between 20 and 80ms", d)
+	}
+	for i := range 2 * maxNames {
+		ts.Add(strings.Repeat("x", i%50)+string(rune('a'+i%26))+time.Duration(i).String(), time.Millisecond)
+	}
+	if n := len(ts.m); n > maxNames {
+		t.Errorf("%d names kept, want at most %d", n, maxNames)
+	}
 }

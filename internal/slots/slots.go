@@ -2,6 +2,9 @@
 // at most n held at once across every process, waiters queued first come,
 // first served and woken by the release that frees their slot, leases
 // renewed while held or awaited, so that a dead holder's slots come back.
+// It also keeps the slots a policy grants while Redis is unavailable, in
+// the same count as those Redis granted, and registers them in Redis when
+// it answers again.
 package slots
 
 import (
@@ -12,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -47,9 +51,9 @@ const (
 	maxBackoff  = 500 * time.Millisecond
 )
 
-// Slots are a Limiter's concurrency slots in Redis: the ones it holds and
-// the ones its callers wait for, by bucket, each bucket with the loop that
-// renews its leases. Hand-offs are announced on a channel, on which the
+// Slots are a Limiter's concurrency slots: the ones it holds and the ones
+// its callers wait for, by bucket, each bucket with the loop that renews
+// its leases in Redis. Hand-offs are announced on a channel, on which the
 // Limiter listens and hands them to Handed; its waiters keep the listener
 // on.
 type Slots struct {
@@ -62,9 +66,22 @@ type Slots struct {
 	id      string        // this Limiter's, the prefix of its ids
 	seq     atomic.Uint64
 	logger  *slog.Logger
+	told    Events
 
 	mu sync.Mutex
 	m  map[string]*Set // by the bucket's key
+}
+
+// Events are told what the slots do, for the metrics. Each may be nil.
+type Events struct {
+	// Handed: n slots were handed to waiters here by a release.
+	Handed func(name string, n int)
+	// Checked: a slot's lease was renewed before its first use (kept), or
+	// found ended.
+	Checked func(name string, kept bool)
+	// Registered: n slots in use here that Redis did not hold (granted by
+	// the policy, or lost by Redis) are held in Redis again.
+	Registered func(name string, n int)
 }
 
 // A Set is what a Limiter holds of one bucket's slots and waits for.
@@ -73,19 +90,39 @@ type Set struct {
 	key      string   // the bucket's
 	keys     []string // held, waiting, queue
 	n        int      // the slots the bucket has, as last asked
+	share    int      // of them this process may hold while Redis is unavailable
 	users    int      // acquisitions under way
-	held     map[string]struct{}
-	lost     map[string]struct{}  // of held: Redis no longer knows them
-	waiting  map[string]chan bool // true: granted; false: abandoned
-	cause    error                // why the waiters were last abandoned
-	renewing bool                 // the renewal loop runs
+	held     map[string]*holder
+	waiting  map[string]*waiter // in Redis's queue
+	local    []*waiter          // for a slot of the share, in order
+	cause    error              // why the waiters were last abandoned
+	renewing bool               // the renewal loop runs
+}
+
+// A holder is a slot held here.
+type holder struct {
+	// since is when the call that last set its lease in Redis began; zero
+	// when Redis never held it (the policy granted it).
+	since time.Time
+	// inUse: its request may be at the provider, so that the slot is held
+	// in Redis again should Redis lose it.
+	inUse bool
+	// lost: Redis lost it before its use; it is not to be used.
+	lost bool
+}
+
+// A waiter is a caller waiting for a slot.
+type waiter struct {
+	id      string
+	granted chan bool // true: granted; false: abandoned, or to ask again
+	since   time.Time // when its lease in Redis was last set
 }
 
 // New returns the Slots kept in rdb, whose hand-offs are published on
 // channel, on which events listens; each slot and waiter has a lease of
-// lease, on the clock now (nil: the server's). Lost holders are logged to
-// logger.
-func New(rdb redis.Scripter, events *redisx.Listener, channel string, now func() time.Time, lease time.Duration, logger *slog.Logger) *Slots {
+// lease, on the clock now (nil: the server's). What they do is told to
+// told, and slots Redis lost are logged to logger.
+func New(rdb redis.Scripter, events *redisx.Listener, channel string, now func() time.Time, lease time.Duration, logger *slog.Logger, told Events) *Slots {
 	var id [6]byte
 	_, _ = rand.Read(id[:]) // never fails
 	return &Slots{
@@ -97,6 +134,7 @@ func New(rdb redis.Scripter, events *redisx.Listener, channel string, now func()
 		lease:   lease,
 		id:      hex.EncodeToString(id[:]),
 		logger:  logger,
+		told:    told,
 	}
 }
 
@@ -118,6 +156,10 @@ func (s *Slots) run(ctx context.Context, set *Set, n int, op string, ids ...stri
 // ErrNone is a try's answer when every slot is held.
 var ErrNone = errors.New("no slot free")
 
+// ErrAgain tells a caller waiting for a slot of the policy's share that
+// Redis answers again: it is to ask Redis.
+var ErrAgain = errors.New("ask Redis again")
+
 // use returns the set of the bucket called name under key, made if new,
 // and keeps it while its caller works with it.
 func (s *Slots) use(name, key string, n int) *Set {
@@ -129,8 +171,8 @@ func (s *Slots) use(name, key string, n int) *Set {
 			name:    name,
 			key:     key,
 			keys:    []string{key + HeldSuffix, key + WaitingSuffix, key + QueueSuffix},
-			held:    make(map[string]struct{}),
-			waiting: make(map[string]chan bool),
+			held:    make(map[string]*holder),
+			waiting: make(map[string]*waiter),
 		}
 		if s.m == nil {
 			s.m = make(map[string]*Set)
@@ -148,6 +190,11 @@ func (s *Slots) leave(set *Set) {
 	set.users--
 	s.mu.Unlock()
 	s.done(set)
+}
+
+// newID returns an id no other slot or waiter has.
+func (s *Slots) newID() string {
+	return s.id + "." + strconv.FormatUint(s.seq.Add(1), 36)
 }
 
 // Acquire asks for one of the n slots of the bucket called name under key
@@ -169,59 +216,209 @@ func (s *Slots) Acquire(ctx context.Context, name, key string, n int, try bool) 
 			return nil, "", ctx.Err()
 		}
 	}
-	id := s.id + "." + strconv.FormatUint(s.seq.Add(1), 36)
-	granted := make(chan bool, 1)
+	start := time.Now()
+	w := &waiter{id: s.newID(), granted: make(chan bool, 1), since: start}
 	s.mu.Lock()
-	set.waiting[id] = granted // before the call: its announcement may come first
+	set.waiting[w.id] = w // before the call: its announcement may come first
 	s.mu.Unlock()
 
 	op := "acquire"
 	if try {
 		op = "try"
 	}
-	v, err := s.run(ctx, set, n, op, id).Int64Slice()
+	v, err := s.run(ctx, set, n, op, w.id).Int64Slice()
 	if err == nil && len(v) != 2 {
 		err = fmt.Errorf("%w: %v", redisx.ErrReply, v)
 	}
 	if err != nil {
-		s.forget(set, id)
+		s.forget(set, w.id)
 		return nil, "", err
 	}
 	if v[0] == 1 {
-		s.hold(set, id)
-		return set, id, nil
+		s.mu.Lock()
+		delete(set.waiting, w.id)
+		set.held[w.id] = &holder{since: start}
+		s.mu.Unlock()
+		s.renew(set, s.lease/4)
+		return set, w.id, nil
 	}
 	if try {
-		s.forget(set, id)
+		s.forget(set, w.id)
 		return nil, "", ErrNone
 	}
 	s.renew(set, time.Duration(v[1])*time.Microsecond)
 	select {
-	case ok := <-granted:
+	case ok := <-w.granted:
 		if !ok {
-			s.forget(set, id)
+			s.forget(set, w.id)
 			s.mu.Lock()
 			cause := set.cause
 			s.mu.Unlock()
 			return nil, "", &AbandonedError{cause} // the policy serves
 		}
-		return set, id, nil
+		return set, w.id, nil
 	case <-ctx.Done():
-		s.cancel(set, id)
+		s.cancel(set, w.id)
 		return nil, "", ctx.Err()
 	}
 }
 
-// hold moves id from the set's waiters to its holders.
-func (s *Slots) hold(set *Set, id string) {
+// AcquireLocal waits until ctx ends for a slot of the bucket called name
+// under key, of n slots, from the share this process may hold while Redis
+// is unavailable: it holds at most share at once, those Redis granted
+// before among them. With try, it takes one only if one is free now, and
+// fails with ErrNone otherwise. Callers wait in order; they fail with
+// ErrAgain once Redis answers again (Shared). The slot is in use from its
+// grant, and is registered in Redis when Redis answers (Register).
+func (s *Slots) AcquireLocal(ctx context.Context, name, key string, n, share int, try bool) (*Set, string, error) {
+	set := s.use(name, key, n)
+	defer s.leave(set)
+	id := s.newID()
 	s.mu.Lock()
-	delete(set.waiting, id)
-	set.held[id] = struct{}{}
+	set.share = share
+	if len(set.local) == 0 && len(set.held) < share {
+		set.held[id] = &holder{inUse: true}
+		s.mu.Unlock()
+		s.renew(set, s.lease/4)
+		return set, id, nil
+	}
+	if try {
+		s.mu.Unlock()
+		return nil, "", ErrNone
+	}
+	w := &waiter{id: id, granted: make(chan bool, 1)}
+	set.local = append(set.local, w)
 	s.mu.Unlock()
-	s.renew(set, s.lease/4)
+	select {
+	case ok := <-w.granted:
+		if !ok {
+			return nil, "", ErrAgain
+		}
+		s.renew(set, s.lease/4)
+		return set, id, nil
+	case <-ctx.Done():
+		s.mu.Lock()
+		i := slices.Index(set.local, w)
+		if i >= 0 {
+			set.local = slices.Delete(set.local, i, i+1)
+		}
+		s.mu.Unlock()
+		if i < 0 && <-w.granted {
+			s.Release(set, id) // granted as the context ended
+		}
+		return nil, "", ctx.Err()
+	}
 }
 
-// forget drops id, which holds nothing.
+// HoldOpen holds a slot of the bucket called name under key, of n slots,
+// that the policy granted without counting (FailOpen): it is in use from
+// its grant, and registered in Redis when Redis answers (Register).
+func (s *Slots) HoldOpen(name, key string, n int) (*Set, string) {
+	set := s.use(name, key, n)
+	defer s.leave(set)
+	id := s.newID()
+	s.mu.Lock()
+	set.held[id] = &holder{inUse: true}
+	s.mu.Unlock()
+	s.renew(set, s.lease/4)
+	return set, id
+}
+
+// Shared sends the callers waiting for a slot of a share to Redis, which
+// answers again: they fail with ErrAgain.
+func (s *Slots) Shared() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, set := range s.m {
+		for _, w := range set.local {
+			w.granted <- false
+		}
+		set.local = nil
+	}
+}
+
+// grantLocal, with s.mu held, grants the set's share to its local waiters
+// in order while it holds fewer slots than its share.
+func (s *Slots) grantLocal(set *Set) {
+	for len(set.local) > 0 && len(set.held) < set.share {
+		w := set.local[0]
+		set.local = set.local[1:]
+		set.held[w.id] = &holder{inUse: true}
+		w.granted <- true
+	}
+}
+
+// InUse marks the slot id of set in use: its work has begun.
+func (s *Slots) InUse(set *Set, id string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if h := set.held[id]; h != nil {
+		h.inUse = true
+	}
+}
+
+// elapsed returns how long ago t was, by the monotonic clock or the wall
+// clock, whichever says longer: a suspended machine may stop the first.
+func elapsed(t time.Time) time.Duration {
+	now := time.Now()
+	return max(now.Sub(t), now.Round(0).Sub(t.Round(0)))
+}
+
+// Confirm makes sure, before its first use, that the slot id of set is
+// still held: a holder that stalled longer than its lease (a stopped
+// process, a suspended machine) may find its slot granted to another. A
+// lease with less than a quarter left is renewed; a slot that Redis no
+// longer holds is dropped, and Confirm reports false: the caller is to
+// queue again. On success the slot is in use. An error from Redis drops
+// the slot too.
+func (s *Slots) Confirm(ctx context.Context, set *Set, id string) (bool, error) {
+	s.mu.Lock()
+	h := set.held[id]
+	switch {
+	case h == nil:
+		s.mu.Unlock()
+		return false, nil
+	case h.since.IsZero() || !h.lost && elapsed(h.since) < s.lease*3/4:
+		h.inUse = true
+		s.mu.Unlock()
+		return true, nil
+	}
+	lost, n := h.lost, set.n
+	s.mu.Unlock()
+	if !lost {
+		start := time.Now()
+		v, err := s.run(ctx, set, n, "renew", "0", "1", id).Int64Slice()
+		if err != nil {
+			s.Release(set, id)
+			return false, err
+		}
+		if len(v) == 2 && v[1] == slotHolds {
+			s.mu.Lock()
+			if h := set.held[id]; h != nil {
+				h.since, h.inUse = start, true
+			}
+			s.mu.Unlock()
+			s.checked(set, true)
+			return true, nil
+		}
+	}
+	s.checked(set, false)
+	s.mu.Lock()
+	delete(set.held, id)
+	s.grantLocal(set)
+	s.mu.Unlock()
+	s.done(set)
+	return false, nil
+}
+
+// checked tells of a lease checked before its slot's first use.
+func (s *Slots) checked(set *Set, kept bool) {
+	if s.told.Checked != nil {
+		s.told.Checked(set.name, kept)
+	}
+}
+
+// forget drops the waiter id, which holds nothing.
 func (s *Slots) forget(set *Set, id string) {
 	s.mu.Lock()
 	delete(set.waiting, id)
@@ -235,7 +432,7 @@ func (s *Slots) cancel(set *Set, id string) {
 	_, granted := set.held[id]
 	delete(set.waiting, id)
 	delete(set.held, id)
-	delete(set.lost, id)
+	s.grantLocal(set)
 	s.mu.Unlock()
 	op := "cancel"
 	if granted {
@@ -244,25 +441,31 @@ func (s *Slots) cancel(set *Set, id string) {
 	s.background(set, op, id)
 }
 
-// Release hands the slot id of set back, in the background.
+// Release hands the slot id of set back: in the background when Redis may
+// hold it, at once otherwise.
 func (s *Slots) Release(set *Set, id string) {
 	s.mu.Lock()
+	h := set.held[id]
 	delete(set.held, id)
-	delete(set.lost, id)
+	s.grantLocal(set)
 	s.mu.Unlock()
+	if h != nil && h.since.IsZero() {
+		s.done(set) // Redis never held it
+		return
+	}
 	s.background(set, "release", id)
 }
 
-// background runs op for id without making the caller wait, then lets the
-// set go if nothing else uses it.
-func (s *Slots) background(set *Set, op, id string) {
+// background runs op for ids without making the caller wait, then lets
+// the set go if nothing else uses it.
+func (s *Slots) background(set *Set, op string, ids ...string) {
 	s.mu.Lock()
 	n := set.n
 	s.mu.Unlock()
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
 		defer cancel()
-		_ = s.run(ctx, set, n, op, id).Err() // on failure, the lease ends it
+		_ = s.run(ctx, set, n, op, ids...).Err() // on failure, the lease ends it
 		s.done(set)
 	}()
 }
@@ -271,7 +474,7 @@ func (s *Slots) background(set *Set, op, id string) {
 func (s *Slots) done(set *Set) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if len(set.held) == 0 && len(set.waiting) == 0 && set.users == 0 && s.m[set.key] == set {
+	if len(set.held) == 0 && len(set.waiting) == 0 && len(set.local) == 0 && set.users == 0 && s.m[set.key] == set {
 		delete(s.m, set.key)
 	}
 }
@@ -293,20 +496,30 @@ func (s *Slots) Handed(key string, ids []string) {
 		}
 	}
 	if len(mine) > 0 {
-		s.granted(set, mine)
+		s.granted(set, mine, time.Time{})
 	}
 }
 
-// granted hands the slots announced in payload to their waiters here.
-func (s *Slots) granted(set *Set, ids []string) {
+// granted hands the slots ids of set to their waiters here, each with its
+// lease as set at since, or as the waiter's was when since is zero.
+func (s *Slots) granted(set *Set, ids []string, since time.Time) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	count := 0
 	for _, id := range ids {
-		if ch, ok := set.waiting[id]; ok {
+		if w, ok := set.waiting[id]; ok {
 			delete(set.waiting, id)
-			set.held[id] = struct{}{}
-			ch <- true
+			h := &holder{since: since}
+			if since.IsZero() {
+				h.since = w.since // a hand-off keeps the waiter's lease
+			}
+			set.held[id] = h
+			w.granted <- true
+			count++
 		}
+	}
+	s.mu.Unlock()
+	if count > 0 && s.told.Handed != nil {
+		s.told.Handed(set.name, count)
 	}
 }
 
@@ -327,100 +540,149 @@ const (
 	slotUnknown = -1 // Redis lost it
 	slotWaits   = 0
 	slotHolds   = 1
+	slotAgain   = 2 // Redis lost it, and holds it again
 )
 
 // renewLoop renews the leases of the set's ids every quarter lease, and
 // sooner while callers wait: when the first lease held ends, so that a
-// dead holder's slot comes back as its lease ends. A waiter that a renewal
-// finds holding a slot gets it, should its announcement have been lost. A
-// waiter that Redis lost is queued again by the renewal itself, at the
-// end of the queue, and keeps waiting; a holder that Redis lost keeps its
-// slot, since nothing can be undone, and is logged once and no longer
-// renewed. When Redis is unavailable, the waiters go to the policy
-// (abandon).
+// dead holder's slot comes back as its lease ends. When Redis is
+// unavailable, the waiters go to the policy (abandon).
 func (s *Slots) renewLoop(set *Set, next time.Duration) {
 	for {
 		time.Sleep(min(max(next, time.Millisecond), s.lease/4))
-		s.mu.Lock()
-		// "h", then the h ids held, then those awaited.
-		ids := make([]string, 1, 1+len(set.held)+len(set.waiting))
-		for id := range set.held {
-			if _, lost := set.lost[id]; !lost {
-				ids = append(ids, id)
-			}
-		}
-		ids[0] = strconv.Itoa(len(ids) - 1)
-		for id := range set.waiting {
-			ids = append(ids, id)
-		}
-		if len(ids) == 1 {
-			set.renewing = false
-			s.mu.Unlock()
-			return
-		}
-		n := set.n
-		s.mu.Unlock()
-
 		ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
-		v, err := s.run(ctx, set, n, "renew", ids...).Slice()
+		hint, empty, err := s.renewOnce(ctx, set)
 		cancel()
-		next = s.lease / 4
-		if err != nil {
+		switch {
+		case empty:
+			s.mu.Lock()
+			if len(set.held)+len(set.waiting) == 0 {
+				set.renewing = false
+				s.mu.Unlock()
+				return
+			}
+			s.mu.Unlock()
+			next = s.lease / 4 // holders Redis lost, until they go
+		case err != nil:
 			if redisx.Outage(context.Background(), err, s.cluster()) != nil {
 				s.abandon(set, err)
 			}
-			continue
+			next = s.lease / 4
+		default:
+			next = hint
 		}
-		if len(v) > 0 {
-			if us, ok := v[0].(int64); ok {
-				next = time.Duration(us)*time.Microsecond + time.Millisecond
-			}
-		}
-		// The states of the ids, in the order sent, after the hint.
-		h, _ := strconv.Atoi(ids[0])
-		var held, lost []string
-		for i := 1; i < len(v) && i < len(ids); i++ {
-			switch v[i] {
-			case int64(slotHolds):
-				held = append(held, ids[i])
-			case int64(slotUnknown):
-				if i <= h {
-					lost = append(lost, ids[i])
-				}
-			}
-		}
-		s.granted(set, held)
-		s.lostHolders(set, lost)
 	}
 }
 
-// lostHolders notes the ids held here that Redis no longer knows of: their
-// slots may be taken by others while they are still held, so that the
-// bucket has more in use than it has slots until they are released.
-func (s *Slots) lostHolders(set *Set, ids []string) {
-	if len(ids) == 0 {
-		return
-	}
+// Register renews every set's leases now, and so holds in Redis again the
+// slots in use here that it does not hold: those the policy granted while
+// Redis was unavailable, and those Redis lost meanwhile. The Limiter
+// calls it once Redis answers, before the fleet resumes the shared slots.
+func (s *Slots) Register(ctx context.Context) error {
 	s.mu.Lock()
-	count := 0
-	for _, id := range ids {
-		if _, ok := set.held[id]; !ok {
-			continue // released meanwhile
-		}
-		if set.lost == nil {
-			set.lost = make(map[string]struct{})
-		}
-		set.lost[id] = struct{}{}
-		count++
+	sets := make([]*Set, 0, len(s.m))
+	for _, set := range s.m {
+		sets = append(sets, set)
 	}
 	s.mu.Unlock()
-	if count > 0 && s.logger != nil {
+	for _, set := range sets {
+		if _, _, err := s.renewOnce(ctx, set); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Reregister is off only in tests: a slot in use that Redis does not hold
+// is not held again.
+var Reregister = true
+
+// renewOnce renews the leases of what the set holds and awaits, and
+// returns how long until the first lease held ends; empty when it holds
+// and awaits nothing. A waiter that the renewal finds holding a slot gets
+// it, should its announcement have been lost. A waiter that Redis lost is
+// queued again by the renewal itself, at the end of the queue, and keeps
+// waiting. A holder in use that Redis lost is held in Redis again, and
+// logged; one not yet in use is marked lost, so that Confirm drops it.
+func (s *Slots) renewOnce(ctx context.Context, set *Set) (hint time.Duration, empty bool, err error) {
+	s.mu.Lock()
+	var use, idle, wait []string
+	for id, h := range set.held {
+		switch {
+		case h.inUse && Reregister:
+			use = append(use, id)
+		case !h.lost:
+			idle = append(idle, id)
+		}
+	}
+	for id := range set.waiting {
+		wait = append(wait, id)
+	}
+	n := set.n
+	s.mu.Unlock()
+	if len(use)+len(idle)+len(wait) == 0 {
+		return 0, true, nil
+	}
+	ids := slices.Concat(use, idle, wait)
+	args := append([]string{strconv.Itoa(len(use)), strconv.Itoa(len(idle))}, ids...)
+	start := time.Now()
+	v, err := s.run(ctx, set, n, "renew", args...).Int64Slice()
+	if err != nil {
+		return 0, false, err
+	}
+	if len(v) != 1+len(ids) {
+		return 0, false, fmt.Errorf("%w: %d states for %d ids", redisx.ErrReply, len(v)-1, len(ids))
+	}
+	var handed, orphans []string
+	again, registered := 0, 0
+	s.mu.Lock()
+	for i, id := range ids {
+		state := v[1+i]
+		if i >= len(use)+len(idle) {
+			if w := set.waiting[id]; w != nil {
+				switch state {
+				case slotHolds:
+					handed = append(handed, id)
+				case slotWaits:
+					w.since = start
+				}
+			}
+			continue
+		}
+		h := set.held[id]
+		switch {
+		case h == nil:
+			if state == slotAgain {
+				orphans = append(orphans, id) // released meanwhile
+			}
+		case state == slotHolds:
+			h.since = start
+		case state == slotAgain:
+			registered++
+			if !h.since.IsZero() {
+				again++ // lost by Redis, not granted by the policy
+			}
+			h.since = start
+		case state == slotUnknown:
+			h.lost = true
+		}
+	}
+	s.mu.Unlock()
+	s.granted(set, handed, start)
+	if len(orphans) > 0 {
+		s.background(set, "release", orphans...)
+	}
+	if registered > 0 && s.told.Registered != nil {
+		s.told.Registered(set.name, registered)
+	}
+	if again > 0 && s.logger != nil {
 		s.logger.LogAttrs(context.Background(), slog.LevelWarn,
-			"quota: Redis lost concurrency slots held here; the bucket may have more in use than it has slots until they are released",
+			"quota: Redis had lost concurrency slots in use here; they are held again, and the bucket may have more in use than it has slots until they are released",
 			slog.String("bucket", set.name),
-			slog.Int("slots", count),
+			slog.Int("slots", again),
 		)
 	}
+	return time.Duration(v[0])*time.Microsecond + time.Millisecond, false, nil
 }
 
 // An AbandonedError is the answer to a waiter that a renewal abandoned
@@ -438,11 +700,11 @@ func (e *AbandonedError) Unwrap() error { return e.Cause }
 func (s *Slots) abandon(set *Set, cause error) {
 	s.mu.Lock()
 	ids := make([]string, 0, len(set.waiting))
-	for id, ch := range set.waiting {
+	for id, w := range set.waiting {
 		delete(set.waiting, id)
 		ids = append(ids, id)
 		set.cause = cause
-		ch <- false
+		w.granted <- false
 	}
 	n := set.n
 	s.mu.Unlock()

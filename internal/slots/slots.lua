@@ -18,8 +18,9 @@
 --           is published as "s <bucket's key> <id>...".
 -- ARGV[5]   now in microseconds, or "" to use the server's clock (TIME).
 -- ARGV[6..] ids: acquire and try take one; release and cancel any number.
---           renew takes h, then ids: the first h the caller holds, the
---           rest it waits for.
+--           renew takes a and b, then ids: the first a the caller holds
+--           and uses (its request may be at the provider), the next b it
+--           holds and has not used yet, the rest it waits for.
 --
 -- Replies:
 --   acquire  {1, 0} when a slot was free and nobody waits: the id holds it;
@@ -33,13 +34,18 @@
 --            they gave up), which are released; the others left the queue.
 --   renew    {hint, state...}: every id's lease is renewed, whether it
 --            holds or waits, and state tells of each id, in order, whether
---            it holds a slot (1), waits (0) or is unknown to Redis (-1), so
---            that a waiter whose announcement was lost learns that it holds
---            one. Redis may have lost an id (a restart without persistence,
---            a failover, FLUSHALL, or a stall longer than its lease): a
---            waiter it lost joins the queue again at its end, as a new
---            arrival would, or takes a free slot; a holder it lost is
---            reported unknown and not held again.
+--            it holds a slot (1), waits (0), is unknown to Redis (-1), or
+--            was unknown and is held again (2), so that a waiter whose
+--            announcement was lost learns that it holds one. Redis may have
+--            lost an id (a restart without persistence, a failover,
+--            FLUSHALL, a stall longer than its lease, or a slot the policy
+--            granted while Redis was unavailable): a holder in use is held
+--            again, over n if need be, since its request is at the
+--            provider whoever else holds a slot, and no slot is handed on
+--            until the bucket holds fewer than n; a holder not yet in use
+--            is reported unknown and not held, so that it queues again; a
+--            waiter joins the queue again at its end, as a new arrival
+--            would, or takes a free slot.
 --
 -- Every key expires when the last lease it holds ends.
 
@@ -134,12 +140,20 @@ elseif op == 'cancel' then
   end
   reply = count
 elseif op == 'renew' then
-  local h = tonumber(ARGV[6])
-  for i = 7, #ARGV do
-    local id = ARGV[i]
+  local a, b = tonumber(ARGV[6]), tonumber(ARGV[7])
+  local states = {}
+  for i = 8, #ARGV do
+    local id, k = ARGV[i], i - 7
     if redis.call('ZSCORE', held, id) then
       redis.call('ZADD', held, now + lease, id)
-    elseif i > 6 + h then
+      states[k] = 1
+    elseif k <= a then
+      -- In use: whoever else holds a slot, this one is held too.
+      redis.call('ZADD', held, now + lease, id)
+      states[k] = 2
+    elseif k <= a + b then
+      states[k] = -1
+    else
       if not redis.call('ZSCORE', waiting, id) then
         -- A waiter Redis lost queues again at the end, where a stale
         -- place of its own (its lease ended) would not put it ahead.
@@ -151,12 +165,15 @@ elseif op == 'renew' then
   end
   dispatch()
   reply = {hint()}
-  for i = 7, #ARGV do
-    local state = -1
-    if redis.call('ZSCORE', held, ARGV[i]) then
-      state = 1
-    elseif redis.call('ZSCORE', waiting, ARGV[i]) then
-      state = 0
+  for i = 8, #ARGV do
+    local state = states[i - 7]
+    if not state then
+      state = -1
+      if redis.call('ZSCORE', held, ARGV[i]) then
+        state = 1
+      elseif redis.call('ZSCORE', waiting, ARGV[i]) then
+        state = 0
+      end
     end
     reply[#reply + 1] = state
   end

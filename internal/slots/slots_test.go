@@ -29,11 +29,14 @@ func TestRenewQueuesALapsedWaiterAtTheEnd(t *testing.T) {
 			args = append(args, id)
 		}
 		cmd, _ := script.Run(ctx, keys, args...)
-		v, err := cmd.Slice()
+		v, err := cmd.Result()
 		if err != nil {
 			t.Fatal(op, err)
 		}
-		return v
+		if s, ok := v.([]any); ok {
+			return s
+		}
+		return []any{v}
 	}
 	run("acquire", "holder")
 	run("acquire", "stalled")
@@ -42,8 +45,8 @@ func TestRenewQueuesALapsedWaiterAtTheEnd(t *testing.T) {
 		t.Fatal(err)
 	}
 	run("acquire", "newcomer")
-	// The holder's process renews one held id and one waiting id.
-	v := run("renew", "1", "holder", "stalled")
+	// The holder's process renews one held id, in use, and one waiting id.
+	v := run("renew", "1", "0", "holder", "stalled")
 	if len(v) != 3 || v[1] != int64(slotHolds) || v[2] != int64(slotWaits) {
 		t.Errorf("renew replied %v, want {hint, holds, waits}", v)
 	}
@@ -57,15 +60,34 @@ func TestRenewQueuesALapsedWaiterAtTheEnd(t *testing.T) {
 	if w, _ := rdb.ZScore(ctx, keys[1], "stalled").Result(); w == 0 {
 		t.Error("the lapsed waiter has no lease again")
 	}
-	// A holder Redis forgot is reported, not held again.
+	// A holder Redis forgot before its use is reported, not held again:
+	// it is to queue again.
 	if err := rdb.ZRem(ctx, keys[0], "holder").Err(); err != nil {
 		t.Fatal(err)
 	}
-	v = run("renew", "1", "holder", "stalled")
+	v = run("renew", "0", "1", "holder", "stalled")
 	if len(v) != 3 || v[1] != int64(slotUnknown) {
 		t.Errorf("renew replied %v, want the forgotten holder unknown", v)
 	}
 	if err := rdb.ZScore(ctx, keys[0], "holder").Err(); !errors.Is(err, redis.Nil) {
 		t.Errorf("the forgotten holder holds again: %v", err)
+	}
+	// The free slot went to the newcomer. A holder in use that Redis
+	// forgot is held again, over the bucket's one slot: its request is at
+	// the provider, and nobody is handed a slot until it goes.
+	v = run("renew", "1", "0", "holder")
+	if len(v) != 2 || v[1] != int64(slotAgain) {
+		t.Errorf("renew replied %v, want the holder in use held again", v)
+	}
+	if n, _ := rdb.ZCard(ctx, keys[0]).Result(); n != 2 {
+		t.Errorf("%d slots held, want 2: the one granted meanwhile and the one in use", n)
+	}
+	run("release", "newcomer")
+	if err := rdb.ZScore(ctx, keys[0], "stalled").Err(); !errors.Is(err, redis.Nil) {
+		t.Errorf("a slot was handed on while the one in use still held it: %v", err)
+	}
+	run("release", "holder")
+	if err := rdb.ZScore(ctx, keys[0], "stalled").Err(); err != nil {
+		t.Errorf("the slot was not handed on once free: %v", err)
 	}
 }
