@@ -321,12 +321,15 @@ func TestConcurrencyAcrossProcesses(t *testing.T) {
 	spec := workerSpec{Addr: srv.Addr(), Key: strings.TrimPrefix(provider.URL, "http://"), Limit: fastLimit, Goroutines: 30,
 		Duration: 6 * time.Second, URL: provider.URL, Concurrency: slots}
 	w := startWorkers(t, 4, spec)
-	w.wait(t)
+	var cmds int64
+	for _, r := range w.wait(t) {
+		cmds += r.Commands
+	}
 	from, to := w.start.Add(time.Second), w.start.Add(spec.Duration-500*time.Millisecond)
 	got := float64(p.arrivedIn(from, to)) / to.Sub(from).Seconds()
 	want := slots / latency.Seconds()
-	t.Logf("peak %d in flight (limit %d); %.1f requests/s in the steady window, %.3f of %v / %v; %d requests in all",
-		p.peak.Load(), slots, got, got/want, slots, latency, p.total.Load())
+	t.Logf("peak %d in flight (limit %d); %.1f requests/s in the steady window, %.3f of %v / %v; %d requests in all, %.2f Redis commands a request",
+		p.peak.Load(), slots, got, got/want, slots, latency, p.total.Load(), float64(cmds)/float64(p.total.Load()))
 	if peak := p.peak.Load(); peak > slots {
 		t.Errorf("the provider saw %d requests in flight, limit %d", peak, slots)
 	}

@@ -119,10 +119,10 @@ func TestSlotsThroughAnOutage(t *testing.T) {
 }
 
 // TestStalledHolderChecksItsLease: three processes of 4 goroutines send
-// through WithConcurrency(4), with a lease of 1 s, to a provider that holds
+// through WithConcurrency(4), with a lease of 2 s, to a provider that holds
 // each request 300 ms; a fourth, also of 4 goroutines, obeys a layer of 4/s
 // besides, so that its requests hold their slots while they wait for their
-// tokens. That process is stopped (SIGSTOP) for 2.5 s, more than twice the
+// tokens. That process is stopped (SIGSTOP) for 5 s, more than twice the
 // lease: its slots' leases end, and the others are granted them again.
 // When it goes on, its holders' tokens are due at once; each checks its
 // slot's lease before it sends, finds it gone and queues again, so that
@@ -141,12 +141,12 @@ func TestStalledHolderChecksItsLease(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			srv := redistest.Start(t)
-			const slots, latency, lease = 4, 300 * time.Millisecond, time.Second
+			const slots, latency, lease = 4, 300 * time.Millisecond, 2 * time.Second
 			p := &inFlight{latency: latency}
 			provider := httptest.NewServer(p)
 			defer provider.Close()
 			spec := workerSpec{Addr: srv.Addr(), Key: strings.TrimPrefix(provider.URL, "http://"), Limit: fastLimit, Goroutines: 4,
-				Duration: 7 * time.Second, URL: provider.URL, Concurrency: slots, SlotLease: lease, NoLeaseCheck: tc.noCheck}
+				Duration: 10 * time.Second, URL: provider.URL, Concurrency: slots, SlotLease: lease, NoLeaseCheck: tc.noCheck}
 			others := startWorkers(t, 3, spec)
 			spec.Layers = []Limit{{Rate: 4, Burst: 1}}
 			spec.Duration -= time.Since(others.start)

@@ -109,6 +109,9 @@ type holder struct {
 	inUse bool
 	// lost: Redis lost it before its use; it is not to be used.
 	lost bool
+	// verify: Confirm asks Redis, whatever its lease says: it was handed
+	// by an announcement that may be older than its waiter's new place.
+	verify bool
 }
 
 // A waiter is a caller waiting for a slot.
@@ -116,6 +119,9 @@ type waiter struct {
 	id      string
 	granted chan bool // true: granted; false: abandoned, or to ask again
 	since   time.Time // when its lease in Redis was last set
+	// requeued: Redis lost it and a renewal queued it again, so that an
+	// announcement of a hand-off to it may be one it slept through.
+	requeued bool
 }
 
 // New returns the Slots kept in rdb, whose hand-offs are published on
@@ -378,7 +384,7 @@ func (s *Slots) Confirm(ctx context.Context, set *Set, id string) (bool, error) 
 	case h == nil:
 		s.mu.Unlock()
 		return false, nil
-	case h.since.IsZero() || !h.lost && elapsed(h.since) < s.lease*3/4:
+	case h.since.IsZero() || !h.lost && !h.verify && elapsed(h.since) < s.lease*3/4:
 		h.inUse = true
 		s.mu.Unlock()
 		return true, nil
@@ -395,7 +401,7 @@ func (s *Slots) Confirm(ctx context.Context, set *Set, id string) (bool, error) 
 		if len(v) == 2 && v[1] == slotHolds {
 			s.mu.Lock()
 			if h := set.held[id]; h != nil {
-				h.since, h.inUse = start, true
+				h.since, h.inUse, h.verify = start, true, false
 			}
 			s.mu.Unlock()
 			s.checked(set, true)
@@ -511,6 +517,7 @@ func (s *Slots) granted(set *Set, ids []string, since time.Time) {
 			h := &holder{since: since}
 			if since.IsZero() {
 				h.since = w.since // a hand-off keeps the waiter's lease
+				h.verify = w.requeued
 			}
 			set.held[id] = h
 			w.granted <- true
@@ -537,10 +544,11 @@ func (s *Slots) renew(set *Set, next time.Duration) {
 
 // The states of an id in the reply of a renewal (slots.lua).
 const (
-	slotUnknown = -1 // Redis lost it
-	slotWaits   = 0
-	slotHolds   = 1
-	slotAgain   = 2 // Redis lost it, and holds it again
+	slotUnknown  = -1 // Redis lost it
+	slotWaits    = 0
+	slotHolds    = 1
+	slotAgain    = 2 // Redis lost it, and holds it again
+	slotRequeued = 3 // Redis lost it, and it waits again
 )
 
 // renewLoop renews the leases of the set's ids every quarter lease, and
@@ -645,6 +653,8 @@ func (s *Slots) renewOnce(ctx context.Context, set *Set) (hint time.Duration, em
 					handed = append(handed, id)
 				case slotWaits:
 					w.since = start
+				case slotRequeued:
+					w.since, w.requeued = start, true
 				}
 			}
 			continue

@@ -34,8 +34,9 @@
 --            they gave up), which are released; the others left the queue.
 --   renew    {hint, state...}: every id's lease is renewed, whether it
 --            holds or waits, and state tells of each id, in order, whether
---            it holds a slot (1), waits (0), is unknown to Redis (-1), or
---            was unknown and is held again (2), so that a waiter whose
+--            it holds a slot (1), waits (0), is unknown to Redis (-1),
+--            was unknown and is held again (2), or was unknown and waits
+--            again, at the end of the queue (3), so that a waiter whose
 --            announcement was lost learns that it holds one. Redis may have
 --            lost an id (a restart without persistence, a failover,
 --            FLUSHALL, a stall longer than its lease, or a slot the policy
@@ -159,6 +160,7 @@ elseif op == 'renew' then
         -- place of its own (its lease ended) would not put it ahead.
         redis.call('LREM', queue, 0, id)
         redis.call('RPUSH', queue, id)
+        states[k] = 3
       end
       redis.call('ZADD', waiting, now + lease, id)
     end
@@ -167,10 +169,13 @@ elseif op == 'renew' then
   reply = {hint()}
   for i = 8, #ARGV do
     local state = states[i - 7]
-    if not state then
+    if not state or state == 3 then
+      local again = state == 3
       state = -1
       if redis.call('ZSCORE', held, ARGV[i]) then
         state = 1
+      elseif again then
+        state = 3
       elseif redis.call('ZSCORE', waiting, ARGV[i]) then
         state = 0
       end

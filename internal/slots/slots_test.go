@@ -47,8 +47,8 @@ func TestRenewQueuesALapsedWaiterAtTheEnd(t *testing.T) {
 	run("acquire", "newcomer")
 	// The holder's process renews one held id, in use, and one waiting id.
 	v := run("renew", "1", "0", "holder", "stalled")
-	if len(v) != 3 || v[1] != int64(slotHolds) || v[2] != int64(slotWaits) {
-		t.Errorf("renew replied %v, want {hint, holds, waits}", v)
+	if len(v) != 3 || v[1] != int64(slotHolds) || v[2] != int64(slotRequeued) {
+		t.Errorf("renew replied %v, want {hint, holds, waits again}", v)
 	}
 	queue, err := rdb.LRange(ctx, keys[2], 0, -1).Result()
 	if err != nil {
