@@ -31,23 +31,34 @@ func TestCancelledRequestsKeepTheirSlots(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			srv := redistest.Start(t)
 			const slots, latency = 8, 100 * time.Millisecond
-			p := &inFlight{latency: latency}
-			provider := httptest.NewServer(p)
-			defer provider.Close()
-			spec := workerSpec{Addr: srv.Addr(), Key: strings.TrimPrefix(provider.URL, "http://"), Limit: fastLimit, Goroutines: 30,
-				Duration: 3 * time.Second, URL: provider.URL, Concurrency: slots, Stagger: 300 * time.Millisecond, Deadline: true,
-				Linger: tc.linger}
-			startWorkers(t, 4, spec).wait(t)
-			peak := p.peak.Load()
-			t.Logf("%s: the provider saw at most %d in flight (slots %d), %d requests in all", tc.name, peak, slots, p.total.Load())
-			switch {
-			case !tc.over && peak > slots:
-				t.Errorf("the provider saw %d requests in flight, limit %d: cancelled requests gave their slots away while it worked on them", peak, slots)
-			case tc.over && peak <= slots:
-				t.Errorf("without a linger the provider saw at most %d in flight: the scenario no longer cancels requests in flight, and shows nothing", peak)
+			run := func() int64 {
+				srv := redistest.Start(t)
+				p := &inFlight{latency: latency}
+				provider := httptest.NewServer(p)
+				defer provider.Close()
+				spec := workerSpec{Addr: srv.Addr(), Key: strings.TrimPrefix(provider.URL, "http://"), Limit: fastLimit, Goroutines: 30,
+					Duration: 3 * time.Second, URL: provider.URL, Concurrency: slots, Stagger: 300 * time.Millisecond, Deadline: true,
+					Linger: tc.linger}
+				startWorkers(t, 4, spec).wait(t)
+				t.Logf("%s: the provider saw at most %d in flight (slots %d), %d requests in all", tc.name, p.peak.Load(), slots, p.total.Load())
+				return p.peak.Load()
 			}
+			if !tc.over {
+				if peak := run(); peak > slots {
+					t.Errorf("the provider saw %d requests in flight, limit %d: cancelled requests gave their slots away while it worked on them", peak, slots)
+				}
+				return
+			}
+			// Whether a process's last requests are still in flight when
+			// its deadline comes depends on the machine's timing: the
+			// control may take up to three runs to show it.
+			for range 3 {
+				if run() > slots {
+					return
+				}
+			}
+			t.Errorf("without a linger the provider saw at most %d in flight in three runs: the scenario no longer cancels requests in flight, and shows nothing", slots)
 		})
 	}
 }
