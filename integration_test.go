@@ -314,7 +314,10 @@ func TestSwarmNeverOverIssues(t *testing.T) {
 // same arithmetic, in three Redis calls that other callers interleave with.
 // It is here only to show that the swarm assertions can fail. It records
 // the instant its arithmetic grants at in ctx's dueRecord, as dueHook does
-// for the script.
+// for the script. Between its read and its write it waits a millisecond,
+// a network's round trip: on loopback, a loaded machine could otherwise
+// run each caller's two calls back to back, and the race the assertions
+// exist to catch would not happen.
 func naiveWait(ctx context.Context, rdb *redis.Client, key string, lim Limit) error {
 	lim, _ = lim.resolve()
 	interval := 1e6 / lim.Rate
@@ -326,6 +329,7 @@ func naiveWait(ctx context.Context, rdb *redis.Client, key string, lim Limit) er
 	if err != nil {
 		return err
 	}
+	time.Sleep(time.Millisecond)
 	next := max(tat, now) + interval
 	if err := rdb.Set(ctx, key, strconv.FormatFloat(next, 'f', -1, 64), time.Minute).Err(); err != nil {
 		return err
