@@ -83,9 +83,12 @@ func (l *Limiter) awaitPause(ctx context.Context, span *waitSpan, b bucket, o *a
 			done()
 		}
 	}()
-	t := time.NewTimer(0)
-	<-t.C
-	defer t.Stop()
+	var t *time.Timer // made when the caller first waits
+	defer func() {
+		if t != nil {
+			t.Stop()
+		}
+	}()
 	for {
 		st := b.ctl.Load()
 		now := time.Now()
@@ -120,12 +123,10 @@ func (l *Limiter) awaitPause(ctx context.Context, span *waitSpan, b bucket, o *a
 		if !forever {
 			next = min(next, end.Sub(now)-maxWait+time.Millisecond)
 		}
-		t.Reset(max(next, time.Millisecond))
+		t = reset(t, max(next, time.Millisecond))
 		select {
 		case <-st.Replaced():
-			if !t.Stop() {
-				<-t.C
-			}
+			t.Stop()
 		case <-t.C:
 		case <-ctx.Done():
 			return ctx.Err()
@@ -167,9 +168,12 @@ func (l *Limiter) sleepOn(ctx context.Context, b bucket, g store.Grant) (time.Du
 		}
 		return st.Rescale(at, takenAt, b.ctl.Rate(st)), true
 	}
-	t := time.NewTimer(0)
-	<-t.C
-	defer t.Stop()
+	var t *time.Timer // made when the caller first waits
+	defer func() {
+		if t != nil {
+			t.Stop()
+		}
+	}()
 	for {
 		st := b.ctl.Load()
 		at, ends := when(st)
@@ -186,13 +190,11 @@ func (l *Limiter) sleepOn(ctx context.Context, b bucket, g store.Grant) (time.Du
 		if done == nil && (!ends || next >= control.WaitRefresh) {
 			done = l.controls.Wait(b.ctl)
 		}
-		t.Reset(next)
+		t = reset(t, next)
 		select {
 		case <-t.C:
 		case <-st.Replaced():
-			if !t.Stop() {
-				<-t.C
-			}
+			t.Stop()
 		case <-ctx.Done():
 			if at, ends := when(b.ctl.Load()); ends {
 				return at.Sub(due), ctx.Err()
@@ -200,4 +202,14 @@ func (l *Limiter) sleepOn(ctx context.Context, b bucket, g store.Grant) (time.Du
 			return 0, ctx.Err()
 		}
 	}
+}
+
+// reset returns t set to fire after d, made if t is nil. (Since Go 1.23 a
+// timer's channel holds nothing stale after Stop or Reset.)
+func reset(t *time.Timer, d time.Duration) *time.Timer {
+	if t == nil {
+		return time.NewTimer(d)
+	}
+	t.Reset(d)
+	return t
 }
