@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/sharedquota/quota/internal/slots"
-	"github.com/sharedquota/quota/internal/store"
 )
 
 // AcquireSlot waits for one of the n concurrency slots of the bucket called
@@ -49,7 +48,7 @@ func (l *Limiter) AcquireSlot(ctx context.Context, name string, n int) (_ *Slot,
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	slot, _, err := l.acquireSlot(ctx, &span, b, n, span.dryRun, nil)
+	slot, err := l.acquireSlot(ctx, &span, b, n, span.dryRun)
 	if err == slots.ErrNone {
 		return &Slot{}, nil // under dry run: it would have waited
 	}
@@ -68,10 +67,8 @@ func checkSlots(n int) error {
 }
 
 // acquireSlot waits for one of the n slots of bucket b, or with try takes
-// one only if one is free now, and records the wait on span. With tokens,
-// it asks for the tokens of the ask in the same call while Redis serves
-// the slot, and returns their grant; nil when the slot came without them.
-func (l *Limiter) acquireSlot(ctx context.Context, span *waitSpan, b bucket, n int, try bool, tokens *ask) (*Slot, *store.Grant, error) {
+// one only if one is free now, and records the wait on span.
+func (l *Limiter) acquireSlot(ctx context.Context, span *waitSpan, b bucket, n int, try bool) (*Slot, error) {
 	start := time.Now()
 	span.slots = n
 	defer func() { span.slotWait = time.Since(start) }()
@@ -84,31 +81,14 @@ func (l *Limiter) acquireSlot(ctx context.Context, span *waitSpan, b bucket, n i
 			if err == slots.ErrAgain {
 				continue // Redis answers again
 			}
-			return slot, nil, err
+			return slot, err
 		}
-		var take *slots.Take
-		if tokens != nil {
-			maxWait, deadline := l.maxWait(ctx)
-			if tokens.noWait {
-				maxWait, deadline = 0, false
-			}
-			keys, args := l.store.TakeCall(b.Bucket, tokens.n, maxWait)
-			take = &slots.Take{Keys: keys, Args: args, Deadline: deadline}
-		}
-		set, id, taken, err := l.slots.Acquire(ctx, b.Name, b.Keys[0], n, try, take)
+		set, id, err := l.slots.Acquire(ctx, b.Name, b.Keys[0], n, try)
 		switch {
 		case err == nil:
-			slot := l.heldSlot(ModeShared, b.Name, set, id)
-			if taken == nil {
-				return slot, nil, nil
-			}
-			g, err := store.Decode(b.Bucket, taken)
-			if err != nil {
-				return slot, nil, nil // its tokens are taken again
-			}
-			return slot, &g, nil
+			return l.heldSlot(ModeShared, b.Name, set, id), nil
 		case err == slots.ErrNone:
-			return nil, nil, err
+			return nil, err
 		}
 		var abandoned *slots.AbandonedError
 		if errors.As(err, &abandoned) {
@@ -117,7 +97,7 @@ func (l *Limiter) acquireSlot(ctx context.Context, span *waitSpan, b bucket, n i
 			continue
 		}
 		if cerr := l.classify(ctx, err); !errors.Is(cerr, ErrUnavailable) {
-			return nil, nil, cerr
+			return nil, cerr
 		}
 		l.trip(b, err)
 	}
