@@ -2,7 +2,8 @@
 # make test   installs redis-server when missing, lints, runs every test,
 #             the demo's and the Jaeger end-to-end check included
 # make bench  the benchmarks: quota beside a bare EVALSHA, and beside its peers;
-#             then what one call of the script costs Redis, beside redis_rate's
+#             the slots' figures (scripts/slot-figures.sh); then what one call
+#             of the script costs Redis, beside redis_rate's
 # make fuzz   the two fuzz targets, ten times longer than make test runs them
 # make e2e    the example in examples/jaeger against a real Jaeger, built once
 #             per machine into a cache outside the clone
@@ -50,6 +51,7 @@ fuzz: redis
 
 bench: redis
 	QUOTA_REQUIRE_REDIS=1 $(GO) test -run '^$$' -bench . -benchmem -count 8 .
+	GO=$(GO) scripts/slot-figures.sh
 	cd bench && $(GO) run .
 	scripts/script-cost.sh
 

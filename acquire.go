@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/sharedquota/quota/internal/slots"
+	"github.com/sharedquota/quota/internal/store"
 )
 
 // refundTimeout bounds the Redis call that hands tokens back after a
@@ -62,7 +63,7 @@ func (l *Limiter) acquire(ctx context.Context, name string, o ask) (_ *Slot, err
 		return nil, err
 	}
 	if o.slots == 0 {
-		return nil, l.waitTokens(ctx, &span, b, o)
+		return nil, l.waitTokens(ctx, &span, b, o, nil)
 	}
 	if err := checkSlots(o.slots); err != nil {
 		return nil, err
@@ -72,7 +73,7 @@ func (l *Limiter) acquire(ctx context.Context, name string, o ask) (_ *Slot, err
 	if err := l.awaitPause(ctx, &span, b, &o); err != nil {
 		return nil, err
 	}
-	slot, err := l.acquireSlot(ctx, &span, b, o.slots, o.noWait || span.dryRun)
+	slot, first, err := l.acquireSlot(ctx, &span, b, o.slots, o.noWait || span.dryRun, &o)
 	switch {
 	case err == slots.ErrNone && span.dryRun:
 		slot = nil // measured: it would have waited for a slot
@@ -81,7 +82,7 @@ func (l *Limiter) acquire(ctx context.Context, name string, o ask) (_ *Slot, err
 	case err != nil:
 		return nil, err
 	}
-	if err := l.waitTokens(ctx, &span, b, o); err != nil {
+	if err := l.waitTokens(ctx, &span, b, o, first); err != nil {
 		slot.Release()
 		return nil, err
 	}
@@ -89,11 +90,24 @@ func (l *Limiter) acquire(ctx context.Context, name string, o ask) (_ *Slot, err
 }
 
 // waitTokens waits for o.n tokens of bucket b, under its control record as
-// the Limiter knows it when it asks. Every way back into its loop either
-// sleeps or changes mode: it never calls Redis twice without a pause.
-func (l *Limiter) waitTokens(ctx context.Context, span *waitSpan, b bucket, o ask) error {
-	name := b.Name
+// the Limiter knows it when it asks; first, when not nil, is the grant of
+// a take already made (with a slot), which it serves before it asks again.
+// Every way back into its loop either sleeps or changes mode: it never
+// calls Redis twice without a pause.
+func (l *Limiter) waitTokens(ctx context.Context, span *waitSpan, b bucket, o ask, first *store.Grant) error {
 	for {
+		if first != nil {
+			g := *first
+			first = nil
+			maxWait, deadline := l.maxWait(ctx)
+			if o.noWait {
+				maxWait = 0
+			}
+			if done, err := l.granted(ctx, span, b, o, g, maxWait, deadline); done {
+				return err
+			}
+			continue
+		}
 		if b.ctl != nil {
 			b = b.under(b.ctl)
 			span.limit(b.limit(0))
@@ -130,75 +144,87 @@ func (l *Limiter) waitTokens(ctx context.Context, span *waitSpan, b bucket, o as
 			l.trip(b, err)
 			continue // the policy serves this request too
 		}
-		l.workers.Heartbeat()
-		if g.Granted {
-			if l.cfg.policy.mode() == ModeLocal {
-				l.locals.Granted(b.Keys[0], g.Wait)
-			}
-			if span.dryRun {
-				span.wait = g.Wait
-				return nil
-			}
-			moved, err := l.sleepOn(ctx, b, g)
-			if err != nil {
-				tats := g.Tats
-				if moved != 0 && tats != nil {
-					tats = slices.Clone(tats)
-					for i := range tats {
-						tats[i] += moved.Microseconds()
-					}
-				}
-				go l.refund(context.WithoutCancel(ctx), b, o.n, tats)
-				if err == ErrWouldExceedDeadline {
-					return fmt.Errorf("%w: a pause moved %q's grant by %v", ErrWouldExceedDeadline, name, moved)
-				}
-				return err
-			}
-			return nil
-		}
-		if g.Wait < 0 {
-			// Paused until a resume, which the Limiter had not heard of:
-			// it reads the record, and waits for the pause as the callers
-			// after it will. Should the record say otherwise, it takes
-			// again minRetry later, not at once.
-			switch {
-			case o.noWait:
-				return fmt.Errorf("%w: %q is paused until resumed", ErrWouldWait, name)
-			case span.dryRun:
-				return nil
-			}
-			if b.ctl != nil {
-				sent, err := l.controls.ReadNow(ctx, b.ctl)
-				if sent {
-					span.trips++
-				}
-				if err != nil {
-					return l.classify(ctx, err)
-				}
-				if _, _, paused := b.ctl.Load().PausedAt(time.Now()); paused {
-					continue
-				}
-			}
-			if err := sleep(ctx, minRetry); err != nil {
-				return err
-			}
-			continue
-		}
-		switch {
-		case o.noWait:
-			return fmt.Errorf("%w: %q needs %v", ErrWouldWait, name, g.Wait)
-		case deadline:
-			return fmt.Errorf("%w: %q needs %v", ErrWouldExceedDeadline, name, g.Wait)
-		case span.dryRun:
-			// Enforced, the caller would sleep MaxWait and ask again: its
-			// wait would be about what the script replied, at least that.
-			span.wait = g.Wait
-			return nil
-		}
-		if err := sleep(ctx, maxWait); err != nil {
+		if done, err := l.granted(ctx, span, b, o, g, maxWait, deadline); done {
 			return err
 		}
 	}
+}
+
+// granted serves the grant g of a take of o.n tokens of b with a longest
+// wait of maxWait (the caller's deadline when deadline is set): it sleeps
+// on a grant, and reports done with the acquisition's error; otherwise it
+// sleeps when the loop is to ask again, and reports not done.
+func (l *Limiter) granted(ctx context.Context, span *waitSpan, b bucket, o ask, g store.Grant, maxWait time.Duration, deadline bool) (done bool, err error) {
+	name := b.Name
+	l.workers.Heartbeat()
+	if g.Granted {
+		if l.cfg.policy.mode() == ModeLocal {
+			l.locals.Granted(b.Keys[0], g.Wait)
+		}
+		if span.dryRun {
+			span.wait = g.Wait
+			return true, nil
+		}
+		moved, err := l.sleepOn(ctx, b, g)
+		if err != nil {
+			tats := g.Tats
+			if moved != 0 && tats != nil {
+				tats = slices.Clone(tats)
+				for i := range tats {
+					tats[i] += moved.Microseconds()
+				}
+			}
+			go l.refund(context.WithoutCancel(ctx), b, o.n, tats)
+			if err == ErrWouldExceedDeadline {
+				return true, fmt.Errorf("%w: a pause moved %q's grant by %v", ErrWouldExceedDeadline, name, moved)
+			}
+			return true, err
+		}
+		return true, nil
+	}
+	if g.Wait < 0 {
+		// Paused until a resume, which the Limiter had not heard of: it
+		// reads the record, and waits for the pause as the callers after
+		// it will. Should the record say otherwise, it takes again
+		// minRetry later, not at once.
+		switch {
+		case o.noWait:
+			return true, fmt.Errorf("%w: %q is paused until resumed", ErrWouldWait, name)
+		case span.dryRun:
+			return true, nil
+		}
+		if b.ctl != nil {
+			sent, err := l.controls.ReadNow(ctx, b.ctl)
+			if sent {
+				span.trips++
+			}
+			if err != nil {
+				return true, l.classify(ctx, err)
+			}
+			if _, _, paused := b.ctl.Load().PausedAt(time.Now()); paused {
+				return false, nil
+			}
+		}
+		if err := sleep(ctx, minRetry); err != nil {
+			return true, err
+		}
+		return false, nil
+	}
+	switch {
+	case o.noWait:
+		return true, fmt.Errorf("%w: %q needs %v", ErrWouldWait, name, g.Wait)
+	case deadline:
+		return true, fmt.Errorf("%w: %q needs %v", ErrWouldExceedDeadline, name, g.Wait)
+	case span.dryRun:
+		// Enforced, the caller would sleep MaxWait and ask again: its wait
+		// would be about what the script replied, at least that.
+		span.wait = g.Wait
+		return true, nil
+	}
+	if err := sleep(ctx, maxWait); err != nil {
+		return true, err
+	}
+	return false, nil
 }
 
 // recordFailure records, under dry run, an acquisition that failed with

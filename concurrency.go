@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/sharedquota/quota/internal/slots"
+	"github.com/sharedquota/quota/internal/store"
 )
 
 // AcquireSlot waits for one of the n concurrency slots of the bucket called
@@ -48,7 +49,7 @@ func (l *Limiter) AcquireSlot(ctx context.Context, name string, n int) (_ *Slot,
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	slot, err := l.acquireSlot(ctx, &span, b, n, span.dryRun)
+	slot, _, err := l.acquireSlot(ctx, &span, b, n, span.dryRun, nil)
 	if err == slots.ErrNone {
 		return &Slot{}, nil // under dry run: it would have waited
 	}
@@ -67,8 +68,10 @@ func checkSlots(n int) error {
 }
 
 // acquireSlot waits for one of the n slots of bucket b, or with try takes
-// one only if one is free now, and records the wait on span.
-func (l *Limiter) acquireSlot(ctx context.Context, span *waitSpan, b bucket, n int, try bool) (*Slot, error) {
+// one only if one is free now, and records the wait on span. With tokens,
+// it asks for the tokens of the ask in the same call while Redis serves
+// the slot, and returns their grant; nil when the slot came without them.
+func (l *Limiter) acquireSlot(ctx context.Context, span *waitSpan, b bucket, n int, try bool, tokens *ask) (*Slot, *store.Grant, error) {
 	start := time.Now()
 	span.slots = n
 	defer func() { span.slotWait = time.Since(start) }()
@@ -81,14 +84,31 @@ func (l *Limiter) acquireSlot(ctx context.Context, span *waitSpan, b bucket, n i
 			if err == slots.ErrAgain {
 				continue // Redis answers again
 			}
-			return slot, err
+			return slot, nil, err
 		}
-		set, id, err := l.slots.Acquire(ctx, b.Name, b.Keys[0], n, try)
+		var take *slots.Take
+		if tokens != nil {
+			maxWait, deadline := l.maxWait(ctx)
+			if tokens.noWait {
+				maxWait, deadline = 0, false
+			}
+			keys, args := l.store.TakeCall(b.Bucket, tokens.n, maxWait)
+			take = &slots.Take{Keys: keys, Args: args, Deadline: deadline}
+		}
+		set, id, taken, err := l.slots.Acquire(ctx, b.Name, b.Keys[0], n, try, take)
 		switch {
 		case err == nil:
-			return l.heldSlot(ModeShared, b.Name, set, id), nil
+			slot := l.heldSlot(ModeShared, b.Name, set, id)
+			if taken == nil {
+				return slot, nil, nil
+			}
+			g, err := store.Decode(b.Bucket, taken)
+			if err != nil {
+				return slot, nil, nil // its tokens are taken again
+			}
+			return slot, &g, nil
 		case err == slots.ErrNone:
-			return nil, err
+			return nil, nil, err
 		}
 		var abandoned *slots.AbandonedError
 		if errors.As(err, &abandoned) {
@@ -97,7 +117,7 @@ func (l *Limiter) acquireSlot(ctx context.Context, span *waitSpan, b bucket, n i
 			continue
 		}
 		if cerr := l.classify(ctx, err); !errors.Is(cerr, ErrUnavailable) {
-			return nil, cerr
+			return nil, nil, cerr
 		}
 		l.trip(b, err)
 	}

@@ -3,6 +3,7 @@ package quota
 import (
 	"context"
 	"fmt"
+	"maps"
 	"math"
 	"slices"
 	"strconv"
@@ -34,11 +35,12 @@ func newMini(t *testing.T) (*miniredis.Miniredis, *redis.Client, *cmdCounter) {
 // cmdCounter is a go-redis hook that counts the commands a client sends,
 // pipelined or not, by name ("evalsha", "eval", "script load", ...).
 type cmdCounter struct {
-	mu sync.Mutex
-	n  map[string]int
+	mu  sync.Mutex
+	n   map[string]int
+	ops map[string]int // the scripts' calls by operation (their ARGV[1])
 }
 
-func newCmdCounter() *cmdCounter { return &cmdCounter{n: map[string]int{}} }
+func newCmdCounter() *cmdCounter { return &cmdCounter{n: map[string]int{}, ops: map[string]int{}} }
 
 func (c *cmdCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
 
@@ -73,9 +75,20 @@ func (c *cmdCounter) count(cmd redis.Cmder) {
 		// fallback after NOSCRIPT.
 		name = strings.TrimSuffix("control "+name, " evalsha")
 	}
+	op := scriptOp(cmd)
 	c.mu.Lock()
 	c.n[name]++
+	if op != "" {
+		c.ops[op]++
+	}
 	c.mu.Unlock()
+}
+
+// byOp returns the scripts' calls by operation.
+func (c *cmdCounter) byOp() map[string]int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return maps.Clone(c.ops)
 }
 
 // isRecordOp tells whether the arguments of an EVALSHA or EVAL are a
@@ -120,6 +133,7 @@ func (c *cmdCounter) reset() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	clear(c.n)
+	clear(c.ops)
 }
 
 func (c *cmdCounter) String() string {

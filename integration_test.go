@@ -669,7 +669,16 @@ type workerSpec struct {
 	// worker's run, as a job with a time budget does: the last ones end
 	// cancelled, and a failure that the deadline caused is no error.
 	Deadline bool
+	// Think, when above zero, is how long each goroutine rests after each
+	// request, so that no call of its own follows its release at once.
+	Think time.Duration
+	// ReleaseDelay, when above zero, replaces slots.ReleaseDelay.
+	ReleaseDelay time.Duration
 }
+
+// workerHeader names the worker process (its pid) on each request it sends
+// to a provider.
+const workerHeader = "X-Quota-Worker"
 
 // workerStart is the parent's go-ahead, sent on a worker's stdin once every
 // worker is ready.
@@ -680,9 +689,10 @@ type workerStart struct {
 // workerReport is what a worker process did: its grants, by when their
 // callers woke and when the script granted them.
 type workerReport struct {
-	Grants   []time.Time // when the caller of each grant woke, in order
-	Stamps   []stamp     // the same grants with when the script granted them (see dueHook)
-	Commands int64       // Redis commands sent during the run
+	Grants   []time.Time    // when the caller of each grant woke, in order
+	Stamps   []stamp        // the same grants with when the script granted them (see dueHook)
+	Commands int64          // Redis commands sent during the run
+	Ops      map[string]int // the scripts' calls during the run, by operation
 	Err      string
 }
 
@@ -754,6 +764,7 @@ func (spec workerSpec) acquirer(rdb redis.UniversalClient) acquireFunc {
 			if err != nil {
 				return err
 			}
+			req.Header.Set(workerHeader, strconv.Itoa(os.Getpid()))
 			resp, err := client.Do(req)
 			if err == nil {
 				resp.Body.Close()
@@ -773,6 +784,9 @@ func runWorker() int {
 		return 2
 	}
 	checkLeases = !spec.NoLeaseCheck
+	if spec.ReleaseDelay > 0 {
+		slots.ReleaseDelay = spec.ReleaseDelay
+	}
 	registerAtResume = !spec.NoRegister
 	slots.Reregister = !spec.NoRegister
 	// The client stays open until the process exits: closing it after the
@@ -811,8 +825,16 @@ func runWorker() int {
 			return err
 		}
 	}
+	if spec.Think > 0 {
+		inner := acquire
+		acquire = func(actx context.Context) error {
+			err := inner(actx)
+			time.Sleep(spec.Think)
+			return err
+		}
+	}
 	grants, err := swarm(ctx, spec.Goroutines, start.Start, spec.Duration, acquire)
-	rep := workerReport{Stamps: grants, Commands: int64(cmds.total())}
+	rep := workerReport{Stamps: grants, Commands: int64(cmds.total()), Ops: cmds.byOp()}
 	for _, g := range grants {
 		rep.Grants = append(rep.Grants, g.Woke)
 	}

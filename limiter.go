@@ -72,16 +72,23 @@ func newLimiter(rdb redis.Scripter, cfg config) *Limiter {
 		resume: local.NewResume(rdb, cfg.prefix),
 		events: redisx.NewListener(rdb, cfg.prefix+control.Channel, controlIdle),
 	}
-	l.slots = slots.New(rdb, l.events, cfg.prefix+control.Channel, cfg.clock, cfg.slotLease, cfg.logger, slots.Events{
-		Handed: func(name string, n int) { l.obs.slotEvent(name, slotHanded, n) },
-		Checked: func(name string, kept bool) {
-			if kept {
-				l.obs.slotEvent(name, slotRenewed, 1)
-			} else {
-				l.obs.slotEvent(name, slotLapsed, 1)
-			}
+	l.slots = slots.New(rdb, l.events, slots.Options{
+		Channel: cfg.prefix + control.Channel,
+		Clock:   cfg.clock,
+		Lease:   cfg.slotLease,
+		Logger:  cfg.logger,
+		Bucket:  store.Source(),
+		Told: slots.Events{
+			Handed: func(name string, n int) { l.obs.slotEvent(name, slotHanded, n) },
+			Checked: func(name string, kept bool) {
+				if kept {
+					l.obs.slotEvent(name, slotRenewed, 1)
+				} else {
+					l.obs.slotEvent(name, slotLapsed, 1)
+				}
+			},
+			Registered: func(name string, n int) { l.obs.slotEvent(name, slotRegistered, n) },
 		},
-		Registered: func(name string, n int) { l.obs.slotEvent(name, slotRegistered, n) },
 	})
 	l.controls = control.New(l.store.Script(), cfg.prefix+control.Channel, cfg.clock, l.events)
 	l.events.Handle(redisx.Handlers{
@@ -185,13 +192,14 @@ func (l *Limiter) AllowN(ctx context.Context, name string, n float64, lim Limit,
 }
 
 // announced hands on an announcement on the prefix's control channel: a
-// bucket's key, whose control record changed, or "s <key> <id>...", the
-// concurrency slots handed to those waiters. A Limiter listens on that one
-// channel while it is in use (see redisx.Listener).
+// bucket's key, whose control record changed, or "s <id>[=<grant>]...",
+// a newline and a bucket's key: the concurrency slots of that bucket
+// handed to those waiters, with the grants of their tokens. A Limiter
+// listens on that one channel while it is in use (see redisx.Listener).
 func (l *Limiter) announced(payload string) {
 	if rest, ok := strings.CutPrefix(payload, "s "); ok {
-		if fields := strings.Fields(rest); len(fields) > 1 {
-			l.slots.Handed(fields[0], fields[1:])
+		if ids, key, ok := strings.Cut(rest, "\n"); ok {
+			l.slots.Handed(key, strings.Fields(ids))
 		}
 		return
 	}

@@ -3,7 +3,6 @@ package quota
 import (
 	"context"
 	"errors"
-	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -148,9 +147,7 @@ func (*failRenewals) DialHook(next redis.DialHook) redis.DialHook { return next 
 
 func (f *failRenewals) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		args := cmd.Args()
-		name := strings.ToLower(cmd.Name())
-		if (name == "evalsha" || name == "eval") && len(args) > 6 && args[6] == "renew" && f.left.Add(-1) >= 0 {
+		if scriptOp(cmd) == "renew" && f.left.Add(-1) >= 0 {
 			err := errors.New("injected: connection reset by peer")
 			cmd.SetErr(err)
 			return err

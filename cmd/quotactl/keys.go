@@ -28,7 +28,7 @@ const (
 	digestLen = 16 // hex digits
 )
 
-var keySuffixes = []string{":ctl", ":slots", ":slots:waiting", ":slots:queue", ":settled"}
+var keySuffixes = []string{":ctl", ":slots", ":slots:waiting", ":slots:queue", ":slots:takes", ":settled"}
 
 // bucketKey returns the key of the bucket called name, which is not empty.
 func bucketKey(prefix, name string) string {

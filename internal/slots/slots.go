@@ -2,6 +2,9 @@
 // at most n held at once across every process, waiters queued first come,
 // first served and woken by the release that frees their slot, leases
 // renewed while held or awaited, so that a dead holder's slots come back.
+// A slot and its tokens are asked for in one call, and the release that
+// hands a waiter its slot takes the waiter's tokens too; releases ride on
+// the process's next call for the bucket.
 // It also keeps the slots a policy grants while Redis is unavailable, in
 // the same count as those Redis granted, and registers them in Redis when
 // it answers again.
@@ -34,12 +37,18 @@ var slotsSource string
 // which is no longer renewed.
 const releaseTimeout = time.Second
 
+// ReleaseDelay is how long a release waits for the process's next call for
+// its bucket, on which it rides, before it is sent alone: the longest a
+// hand-off to a waiter is delayed so that a release costs no call.
+var ReleaseDelay = time.Millisecond
+
 // The suffixes, after a bucket's key, of the keys of its concurrency slots:
 // the slots held, the waiters' leases and the queue.
 const (
 	HeldSuffix    = ":slots"
 	WaitingSuffix = ":slots:waiting"
 	QueueSuffix   = ":slots:queue"
+	TakesSuffix   = ":slots:takes"
 )
 
 // The timing of the calls that run in the background: each is bounded by
@@ -57,20 +66,48 @@ const (
 // Limiter listens and hands them to Handed; its waiters keep the listener
 // on.
 type Slots struct {
-	script  *redisx.Script
-	rdb     redis.Scripter
-	events  *redisx.Listener
-	channel string // on which hand-offs are announced
-	clock   func() time.Time
-	lease   time.Duration // of each slot and each waiter
-	id      string        // this Limiter's, the prefix of its ids
-	seq     atomic.Uint64
-	logger  *slog.Logger
-	told    Events
+	script   *redisx.Script
+	rdb      redis.Scripter
+	events   *redisx.Listener
+	channel  string // on which hand-offs are announced
+	clock    func() time.Time
+	lease    time.Duration // of each slot and each waiter
+	leaseArg any           // the lease in microseconds, as the script reads it
+	id       string        // this Limiter's, the prefix of its ids
+	seq      atomic.Uint64
+	logger   *slog.Logger
+	told     Events
 
 	mu sync.Mutex
 	m  map[string]*Set // by the bucket's key
 }
+
+// Options are the settings of Slots.
+type Options struct {
+	Channel string           // on which hand-offs are announced
+	Clock   func() time.Time // the callers' clock; nil: the server's
+	Lease   time.Duration    // of each slot and each waiter
+	Logger  *slog.Logger     // for the slots Redis lost; nil: none
+	Told    Events           // what the slots do, for the metrics
+	// Bucket is the bucket script's source (internal/store), which the
+	// slot operations run to take a caller's tokens with its slot.
+	Bucket string
+}
+
+// A Take is a caller's tokens, asked for with its slot: the bucket
+// script's KEYS and ARGV of a take. With Deadline set, the take's longest
+// wait is the caller's deadline: a hand-off counts it down.
+type Take struct {
+	Keys     []string
+	Args     []any
+	Deadline bool
+}
+
+// Taken is the bucket script's reply to a Take, its integers in order; nil
+// when a slot came without its tokens (none were asked for, the bucket
+// script failed, or the grant of a hand-off was lost), which its holder
+// then takes itself.
+type Taken []int64
 
 // Events are told what the slots do, for the metrics. Each may be nil.
 type Events struct {
@@ -88,15 +125,28 @@ type Events struct {
 type Set struct {
 	name     string   // the bucket's, for the logs
 	key      string   // the bucket's
-	keys     []string // held, waiting, queue
+	keys     []string // held, waiting, queue, takes
 	n        int      // the slots the bucket has, as last asked
 	share    int      // of them this process may hold while Redis is unavailable
 	users    int      // acquisitions under way
 	held     map[string]*holder
-	waiting  map[string]*waiter // in Redis's queue
-	local    []*waiter          // for a slot of the share, in order
-	cause    error              // why the waiters were last abandoned
-	renewing bool               // the renewal loop runs
+	waiting  map[string]*waiter       // in Redis's queue
+	local    []*waiter                // for a slot of the share, in order
+	cause    error                    // why the waiters were last abandoned
+	renewing bool                     // the renewal loop runs
+	released []string                 // ids released here, to ride on the next call
+	flushing bool                     // a call to send them alone is due
+	call     atomic.Pointer[[]string] // keys, then the last take's keys
+}
+
+// withTake returns the set's keys followed by those of a take, take.
+func (set *Set) withTake(take []string) []string {
+	if p := set.call.Load(); p != nil && slices.Equal((*p)[len(set.keys):], take) {
+		return *p
+	}
+	keys := slices.Concat(set.keys, take)
+	set.call.Store(&keys)
+	return keys
 }
 
 // A holder is a slot held here.
@@ -117,45 +167,85 @@ type holder struct {
 // A waiter is a caller waiting for a slot.
 type waiter struct {
 	id      string
-	granted chan bool // true: granted; false: abandoned, or to ask again
+	granted chan handoff
 	since   time.Time // when its lease in Redis was last set
 	// requeued: Redis lost it and a renewal queued it again, so that an
 	// announcement of a hand-off to it may be one it slept through.
 	requeued bool
 }
 
-// New returns the Slots kept in rdb, whose hand-offs are published on
-// channel, on which events listens; each slot and waiter has a lease of
-// lease, on the clock now (nil: the server's). What they do is told to
-// told, and slots Redis lost are logged to logger.
-func New(rdb redis.Scripter, events *redisx.Listener, channel string, now func() time.Time, lease time.Duration, logger *slog.Logger, told Events) *Slots {
+// A handoff is what a waiter is told: granted (ok) with the grant of its
+// take, or abandoned, or to ask again (not ok).
+type handoff struct {
+	ok    bool
+	taken Taken
+}
+
+// New returns the Slots kept in rdb, whose hand-offs events hears.
+func New(rdb redis.Scripter, events *redisx.Listener, o Options) *Slots {
 	var id [6]byte
 	_, _ = rand.Read(id[:]) // never fails
 	return &Slots{
-		script:  redisx.NewScript(rdb, slotsSource),
-		rdb:     rdb,
-		events:  events,
-		channel: channel,
-		clock:   now,
-		lease:   lease,
-		id:      hex.EncodeToString(id[:]),
-		logger:  logger,
-		told:    told,
+		script:   redisx.NewScript(rdb, Source(o.Bucket)),
+		rdb:      rdb,
+		events:   events,
+		channel:  o.Channel,
+		clock:    o.Clock,
+		lease:    o.Lease,
+		leaseArg: o.Lease.Microseconds(),
+		id:       hex.EncodeToString(id[:]),
+		logger:   o.Logger,
+		told:     o.Told,
 	}
 }
 
-// run runs op of slots.lua on set's keys.
-func (s *Slots) run(ctx context.Context, set *Set, n int, op string, ids ...string) *redis.Cmd {
-	args := make([]any, 0, 5+len(ids))
-	now := ""
+// Source returns the slot script's source around the bucket script's
+// source bucket, which it runs as the function bucket(KEYS, ARGV).
+func Source(bucket string) string {
+	if bucket == "" {
+		bucket = "return redis.error_reply('quota: no bucket script')"
+	}
+	return "local function bucket(KEYS, ARGV)\n" + bucket + "\nend\n" + slotsSource
+}
+
+// run runs op of slots.lua on set's keys with ids, and with take for an
+// acquisition, the releases made here since the last call riding on it.
+// Should the call fail, they are sent again: a release is idempotent.
+func (s *Slots) run(ctx context.Context, set *Set, n int, op string, take *Take, ids ...string) *redis.Cmd {
+	s.mu.Lock()
+	released := set.released
+	set.released = nil
+	s.mu.Unlock()
+	keys := set.keys
+	extra := 0
+	if take != nil {
+		extra = 1 + len(take.Args)
+		keys = set.withTake(take.Keys)
+	}
+	args := make([]any, 0, 6+len(released)+len(ids)+extra)
+	var now any = ""
 	if s.clock != nil {
 		now = strconv.FormatInt(s.clock().UnixMicro(), 10)
 	}
-	args = append(args, op, n, s.lease.Microseconds(), s.channel, now)
+	args = append(args, op, n, s.leaseArg, s.channel, now, len(released))
+	for _, id := range released {
+		args = append(args, id)
+	}
 	for _, id := range ids {
 		args = append(args, id)
 	}
-	cmd, _ := s.script.Run(ctx, set.keys, args...)
+	if take != nil {
+		deadline := "0"
+		if take.Deadline {
+			deadline = "1"
+		}
+		args = append(args, deadline)
+		args = append(args, take.Args...)
+	}
+	cmd, _ := s.script.Run(ctx, keys, args...)
+	if cmd.Err() != nil && len(released) > 0 {
+		s.release(set, released...)
+	}
 	return cmd
 }
 
@@ -176,7 +266,7 @@ func (s *Slots) use(name, key string, n int) *Set {
 		set = &Set{
 			name:    name,
 			key:     key,
-			keys:    []string{key + HeldSuffix, key + WaitingSuffix, key + QueueSuffix},
+			keys:    []string{key + HeldSuffix, key + WaitingSuffix, key + QueueSuffix, key + TakesSuffix},
 			held:    make(map[string]*holder),
 			waiting: make(map[string]*waiter),
 		}
@@ -205,10 +295,13 @@ func (s *Slots) newID() string {
 
 // Acquire asks for one of the n slots of the bucket called name under key
 // and waits for it in the bucket's queue until ctx ends; with try, it
-// takes one only if one is free now, and fails with ErrNone otherwise. It
-// returns the slot's set and id, for Release. A waiter that a renewal
+// takes one only if one is free now, and fails with ErrNone otherwise.
+// With take, the same call takes the caller's tokens when the slot is
+// free, and a waiter's are taken by the release that hands it its slot:
+// the grant is the take's, or nil when the slot came without its tokens.
+// It returns the slot's set and id, for Release. A waiter that a renewal
 // found Redis unavailable for fails with an *AbandonedError.
-func (s *Slots) Acquire(ctx context.Context, name, key string, n int, try bool) (*Set, string, error) {
+func (s *Slots) Acquire(ctx context.Context, name, key string, n int, try bool, take *Take) (*Set, string, Taken, error) {
 	set := s.use(name, key, n)
 	defer s.leave(set)
 	if !try {
@@ -219,11 +312,11 @@ func (s *Slots) Acquire(ctx context.Context, name, key string, n int, try bool) 
 		select {
 		case <-s.events.Ready():
 		case <-ctx.Done():
-			return nil, "", ctx.Err()
+			return nil, "", nil, ctx.Err()
 		}
 	}
 	start := time.Now()
-	w := &waiter{id: s.newID(), granted: make(chan bool, 1), since: start}
+	w := &waiter{id: s.newID(), granted: make(chan handoff, 1), since: start}
 	s.mu.Lock()
 	set.waiting[w.id] = w // before the call: its announcement may come first
 	s.mu.Unlock()
@@ -232,41 +325,84 @@ func (s *Slots) Acquire(ctx context.Context, name, key string, n int, try bool) 
 	if try {
 		op = "try"
 	}
-	v, err := s.run(ctx, set, n, op, w.id).Int64Slice()
-	if err == nil && len(v) != 2 {
-		err = fmt.Errorf("%w: %v", redisx.ErrReply, v)
-	}
+	granted, hint, taken, err := acquireReply(s.run(ctx, set, n, op, take, w.id))
 	if err != nil {
 		s.forget(set, w.id)
-		return nil, "", err
+		return nil, "", nil, err
 	}
-	if v[0] == 1 {
+	if granted {
 		s.mu.Lock()
 		delete(set.waiting, w.id)
 		set.held[w.id] = &holder{since: start}
 		s.mu.Unlock()
 		s.renew(set, s.lease/4)
-		return set, w.id, nil
+		return set, w.id, taken, nil
 	}
 	if try {
 		s.forget(set, w.id)
-		return nil, "", ErrNone
+		return nil, "", nil, ErrNone
 	}
-	s.renew(set, time.Duration(v[1])*time.Microsecond)
+	s.renew(set, hint)
 	select {
-	case ok := <-w.granted:
-		if !ok {
+	case h := <-w.granted:
+		if !h.ok {
 			s.forget(set, w.id)
 			s.mu.Lock()
 			cause := set.cause
 			s.mu.Unlock()
-			return nil, "", &AbandonedError{cause} // the policy serves
+			return nil, "", nil, &AbandonedError{cause} // the policy serves
 		}
-		return set, w.id, nil
+		return set, w.id, h.taken, nil
 	case <-ctx.Done():
 		s.cancel(set, w.id)
-		return nil, "", ctx.Err()
+		return nil, "", nil, ctx.Err()
 	}
+}
+
+// acquireReply decodes the reply to an acquire or a try: whether the slot
+// was granted, with the grant of its take, or how long until the first
+// lease held ends.
+func acquireReply(cmd *redis.Cmd) (granted bool, hint time.Duration, taken Taken, err error) {
+	v, err := cmd.Slice()
+	if err != nil {
+		return false, 0, nil, err
+	}
+	if len(v) < 2 {
+		return false, 0, nil, fmt.Errorf("%w: %v", redisx.ErrReply, v)
+	}
+	code, ok1 := v[0].(int64)
+	us, ok2 := v[1].(int64)
+	if !ok1 || !ok2 {
+		return false, 0, nil, fmt.Errorf("%w: %v", redisx.ErrReply, v)
+	}
+	if code != 1 {
+		return false, time.Duration(us) * time.Microsecond, nil, nil
+	}
+	if len(v) > 2 {
+		g, _ := v[2].(string)
+		if taken, err = parseTaken(g); err != nil {
+			return false, 0, nil, err
+		}
+	}
+	return true, 0, taken, nil
+}
+
+// parseTaken decodes a grant as the slot script writes it: integers joined
+// by commas, nil for "".
+func parseTaken(g string) (Taken, error) {
+	if g == "" {
+		return nil, nil
+	}
+	parts := strings.Split(g, ",")
+	taken := make(Taken, len(parts))
+	for i, p := range parts {
+		v, err := strconv.ParseInt(p, 10, 64)
+		if err != nil {
+			return nil, fmt.Errorf("%w: grant %q", redisx.ErrReply, g)
+		}
+		taken[i] = v
+	}
+	return taken, nil
 }
 
 // AcquireLocal waits until ctx ends for a slot of the bucket called name
@@ -292,12 +428,12 @@ func (s *Slots) AcquireLocal(ctx context.Context, name, key string, n, share int
 		s.mu.Unlock()
 		return nil, "", ErrNone
 	}
-	w := &waiter{id: id, granted: make(chan bool, 1)}
+	w := &waiter{id: id, granted: make(chan handoff, 1)}
 	set.local = append(set.local, w)
 	s.mu.Unlock()
 	select {
-	case ok := <-w.granted:
-		if !ok {
+	case h := <-w.granted:
+		if !h.ok {
 			return nil, "", ErrAgain
 		}
 		s.renew(set, s.lease/4)
@@ -309,7 +445,7 @@ func (s *Slots) AcquireLocal(ctx context.Context, name, key string, n, share int
 			set.local = slices.Delete(set.local, i, i+1)
 		}
 		s.mu.Unlock()
-		if i < 0 && <-w.granted {
+		if i < 0 && (<-w.granted).ok {
 			s.Release(set, id) // granted as the context ended
 		}
 		return nil, "", ctx.Err()
@@ -337,7 +473,7 @@ func (s *Slots) Shared() {
 	defer s.mu.Unlock()
 	for _, set := range s.m {
 		for _, w := range set.local {
-			w.granted <- false
+			w.granted <- handoff{}
 		}
 		set.local = nil
 	}
@@ -350,7 +486,7 @@ func (s *Slots) grantLocal(set *Set) {
 		w := set.local[0]
 		set.local = set.local[1:]
 		set.held[w.id] = &holder{inUse: true}
-		w.granted <- true
+		w.granted <- handoff{ok: true}
 	}
 }
 
@@ -393,12 +529,12 @@ func (s *Slots) Confirm(ctx context.Context, set *Set, id string) (bool, error) 
 	s.mu.Unlock()
 	if !lost {
 		start := time.Now()
-		v, err := s.run(ctx, set, n, "renew", "0", "1", id).Int64Slice()
+		v, err := s.run(ctx, set, n, "renew", nil, "0", "1", id).Slice()
 		if err != nil {
 			s.Release(set, id)
 			return false, err
 		}
-		if len(v) == 2 && v[1] == slotHolds {
+		if len(v) == 2 && v[1] == int64(slotHolds) {
 			s.mu.Lock()
 			if h := set.held[id]; h != nil {
 				h.since, h.inUse, h.verify = start, true, false
@@ -440,15 +576,15 @@ func (s *Slots) cancel(set *Set, id string) {
 	delete(set.held, id)
 	s.grantLocal(set)
 	s.mu.Unlock()
-	op := "cancel"
 	if granted {
-		op = "release"
+		s.release(set, id)
+		return
 	}
-	s.background(set, op, id)
+	s.background(set, "cancel", id)
 }
 
-// Release hands the slot id of set back: in the background when Redis may
-// hold it, at once otherwise.
+// Release hands the slot id of set back: on the next call for the bucket
+// when Redis may hold it, at once otherwise.
 func (s *Slots) Release(set *Set, id string) {
 	s.mu.Lock()
 	h := set.held[id]
@@ -459,7 +595,41 @@ func (s *Slots) Release(set *Set, id string) {
 		s.done(set) // Redis never held it
 		return
 	}
-	s.background(set, "release", id)
+	s.release(set, id)
+}
+
+// release makes ids ride on the next call for set, which is sent for them
+// alone should no other come within ReleaseDelay.
+func (s *Slots) release(set *Set, ids ...string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	set.released = append(set.released, ids...)
+	if !set.flushing {
+		set.flushing = true
+		time.AfterFunc(ReleaseDelay, func() { s.flush(set) })
+	}
+}
+
+// flush sends the releases that no call took with it.
+func (s *Slots) flush(set *Set) {
+	s.mu.Lock()
+	set.flushing = false
+	ids := set.released
+	set.released = nil
+	n := set.n
+	s.mu.Unlock()
+	if len(ids) == 0 {
+		s.done(set)
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
+	defer cancel()
+	// On failure, the leases end them: they are renewed no longer.
+	_ = s.run(ctx, set, n, "release", nil, ids...).Err()
+	s.mu.Lock()
+	set.released = slices.DeleteFunc(set.released, func(id string) bool { return slices.Contains(ids, id) })
+	s.mu.Unlock()
+	s.done(set)
 }
 
 // background runs op for ids without making the caller wait, then lets
@@ -471,7 +641,7 @@ func (s *Slots) background(set *Set, op string, ids ...string) {
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
 		defer cancel()
-		_ = s.run(ctx, set, n, op, ids...).Err() // on failure, the lease ends it
+		_ = s.run(ctx, set, n, op, nil, ids...).Err() // on failure, the lease ends it
 		s.done(set)
 	}()
 }
@@ -480,13 +650,15 @@ func (s *Slots) background(set *Set, op string, ids ...string) {
 func (s *Slots) done(set *Set) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if len(set.held) == 0 && len(set.waiting) == 0 && len(set.local) == 0 && set.users == 0 && s.m[set.key] == set {
+	if len(set.held) == 0 && len(set.waiting) == 0 && len(set.local) == 0 && len(set.released) == 0 && !set.flushing &&
+		set.users == 0 && s.m[set.key] == set {
 		delete(s.m, set.key)
 	}
 }
 
 // Handed gives the slots of the bucket under key, announced handed to
-// ids, to the waiters here among them.
+// ids, to the waiters here among them. Each id may be followed by "=" and
+// the grant of its take.
 func (s *Slots) Handed(key string, ids []string) {
 	s.mu.Lock()
 	set := s.m[key]
@@ -496,22 +668,31 @@ func (s *Slots) Handed(key string, ids []string) {
 	}
 	prefix := s.id + "."
 	var mine []string
+	var taken []Taken
 	for _, id := range ids {
-		if strings.HasPrefix(id, prefix) {
-			mine = append(mine, id)
+		if !strings.HasPrefix(id, prefix) {
+			continue
 		}
+		id, grant, _ := strings.Cut(id, "=")
+		t, err := parseTaken(grant)
+		if err != nil {
+			t = nil // its holder takes its tokens itself
+		}
+		mine = append(mine, id)
+		taken = append(taken, t)
 	}
 	if len(mine) > 0 {
-		s.granted(set, mine, time.Time{})
+		s.granted(set, mine, taken, time.Time{})
 	}
 }
 
-// granted hands the slots ids of set to their waiters here, each with its
-// lease as set at since, or as the waiter's was when since is zero.
-func (s *Slots) granted(set *Set, ids []string, since time.Time) {
+// granted hands the slots ids of set to their waiters here, each with the
+// grant of its take and its lease as set at since, or as the waiter's was
+// when since is zero.
+func (s *Slots) granted(set *Set, ids []string, taken []Taken, since time.Time) {
 	s.mu.Lock()
 	count := 0
-	for _, id := range ids {
+	for i, id := range ids {
 		if w, ok := set.waiting[id]; ok {
 			delete(set.waiting, id)
 			h := &holder{since: since}
@@ -520,7 +701,7 @@ func (s *Slots) granted(set *Set, ids []string, since time.Time) {
 				h.verify = w.requeued
 			}
 			set.held[id] = h
-			w.granted <- true
+			w.granted <- handoff{ok: true, taken: taken[i]}
 			count++
 		}
 	}
@@ -634,23 +815,29 @@ func (s *Slots) renewOnce(ctx context.Context, set *Set) (hint time.Duration, em
 	ids := slices.Concat(use, idle, wait)
 	args := append([]string{strconv.Itoa(len(use)), strconv.Itoa(len(idle))}, ids...)
 	start := time.Now()
-	v, err := s.run(ctx, set, n, "renew", args...).Int64Slice()
+	reply, err := s.run(ctx, set, n, "renew", nil, args...).Slice()
 	if err != nil {
 		return 0, false, err
 	}
-	if len(v) != 1+len(ids) {
-		return 0, false, fmt.Errorf("%w: %d states for %d ids", redisx.ErrReply, len(v)-1, len(ids))
+	v, grants, err := renewReply(reply, len(ids), len(use)+len(idle))
+	if err != nil {
+		return 0, false, err
 	}
 	var handed, orphans []string
-	again, registered := 0, 0
+	var taken []Taken
+	again, registered, g := 0, 0, 0
 	s.mu.Lock()
 	for i, id := range ids {
 		state := v[1+i]
 		if i >= len(use)+len(idle) {
+			if state == slotHolds {
+				g++
+			}
 			if w := set.waiting[id]; w != nil {
 				switch state {
 				case slotHolds:
 					handed = append(handed, id)
+					taken = append(taken, grants[g-1])
 				case slotWaits:
 					w.since = start
 				case slotRequeued:
@@ -678,9 +865,9 @@ func (s *Slots) renewOnce(ctx context.Context, set *Set) (hint time.Duration, em
 		}
 	}
 	s.mu.Unlock()
-	s.granted(set, handed, start)
+	s.granted(set, handed, taken, start)
 	if len(orphans) > 0 {
-		s.background(set, "release", orphans...)
+		s.release(set, orphans...)
 	}
 	if registered > 0 && s.told.Registered != nil {
 		s.told.Registered(set.name, registered)
@@ -693,6 +880,39 @@ func (s *Slots) renewOnce(ctx context.Context, set *Set) (hint time.Duration, em
 		)
 	}
 	return time.Duration(v[0])*time.Microsecond + time.Millisecond, false, nil
+}
+
+// renewReply decodes the reply to a renewal of ids, the first holders of
+// them holders: the hint and the states, and the grants of the waiters
+// that hold a slot, in order.
+func renewReply(reply []any, ids, holders int) (v []int64, grants []Taken, err error) {
+	if len(reply) < 1+ids {
+		return nil, nil, fmt.Errorf("%w: %d states for %d ids", redisx.ErrReply, len(reply)-1, ids)
+	}
+	v = make([]int64, 1+ids)
+	handed := 0
+	for i := range v {
+		x, ok := reply[i].(int64)
+		if !ok {
+			return nil, nil, fmt.Errorf("%w: %v", redisx.ErrReply, reply)
+		}
+		v[i] = x
+		if i > holders && x == slotHolds {
+			handed++
+		}
+	}
+	if len(reply) != 1+ids+handed {
+		return nil, nil, fmt.Errorf("%w: %d grants for %d hand-offs", redisx.ErrReply, len(reply)-1-ids, handed)
+	}
+	for _, r := range reply[1+ids:] {
+		g, _ := r.(string)
+		t, err := parseTaken(g)
+		if err != nil {
+			t = nil
+		}
+		grants = append(grants, t)
+	}
+	return v, grants, nil
 }
 
 // An AbandonedError is the answer to a waiter that a renewal abandoned
@@ -714,7 +934,7 @@ func (s *Slots) abandon(set *Set, cause error) {
 		delete(set.waiting, id)
 		ids = append(ids, id)
 		set.cause = cause
-		w.granted <- false
+		w.granted <- handoff{}
 	}
 	n := set.n
 	s.mu.Unlock()
@@ -732,7 +952,7 @@ func (s *Slots) cancelAll(set *Set, n int, ids []string) {
 	backoff := minBackoff
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), min(time.Until(end), releaseTimeout))
-		err := s.run(ctx, set, n, "cancel", ids...).Err()
+		err := s.run(ctx, set, n, "cancel", nil, ids...).Err()
 		cancel()
 		if redisx.Outage(context.Background(), err, s.cluster()) == nil {
 			return

@@ -3,6 +3,8 @@ package slots
 import (
 	"context"
 	"errors"
+	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -20,11 +22,11 @@ func TestRenewQueuesALapsedWaiterAtTheEnd(t *testing.T) {
 	rdb := redistest.Start(t).Client(t)
 	ctx := context.Background()
 	key := "quota:{lapsed}"
-	keys := []string{key + HeldSuffix, key + WaitingSuffix, key + QueueSuffix}
-	script := redisx.NewScript(rdb, slotsSource)
+	keys := []string{key + HeldSuffix, key + WaitingSuffix, key + QueueSuffix, key + TakesSuffix}
+	script := redisx.NewScript(rdb, Source(""))
 	run := func(op string, ids ...string) []any {
 		t.Helper()
-		args := []any{op, 1, time.Minute.Microseconds(), "", ""}
+		args := []any{op, 1, time.Minute.Microseconds(), "", "", 0}
 		for _, id := range ids {
 			args = append(args, id)
 		}
@@ -89,5 +91,95 @@ func TestRenewQueuesALapsedWaiterAtTheEnd(t *testing.T) {
 	run("release", "holder")
 	if err := rdb.ZScore(ctx, keys[0], "stalled").Err(); err != nil {
 		t.Errorf("the slot was not handed on once free: %v", err)
+	}
+}
+
+// TestHandOffRunsTheWaitersTake: a waiter leaves its take with its id, and
+// the release that hands it its slot runs it, with its deadline counted
+// down to the hand-off; the announcement carries the grant, and so does a
+// renewal, should the announcement be lost. A stub of the bucket script
+// counts the tokens it is asked for and replies the longest wait it was
+// given.
+func TestHandOffRunsTheWaitersTake(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	ctx := context.Background()
+	key := "quota:{handoff}"
+	keys := []string{key + HeldSuffix, key + WaitingSuffix, key + QueueSuffix, key + TakesSuffix}
+	stub := `redis.call('INCRBY', KEYS[1], ARGV[2])
+return {1, tonumber(ARGV[3]), 7, 0, 0}`
+	script := redisx.NewScript(rdb, Source(stub))
+	const channel = "handoffs"
+	sub := srv.Client(t).Subscribe(ctx, channel)
+	defer sub.Close()
+	if _, err := sub.Receive(ctx); err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now().UnixMicro()
+	// run runs op at now+at (µs), with the releases riding on it and a
+	// take of n tokens and a wait of wait µs, a deadline with deadline.
+	run := func(op string, at int64, released []string, ids []string, n, wait int64, deadline bool) any {
+		t.Helper()
+		args := []any{op, 1, time.Minute.Microseconds(), channel, now + at, len(released)}
+		for _, id := range released {
+			args = append(args, id)
+		}
+		for _, id := range ids {
+			args = append(args, id)
+		}
+		call := keys
+		if n > 0 {
+			d := "0"
+			if deadline {
+				d = "1"
+			}
+			args = append(args, d, "take", n, wait, "")
+			call = append(slices.Clip(keys), "quota:{handoff}:tokens")
+		}
+		cmd, _ := script.Run(ctx, call, args...)
+		v, err := cmd.Result()
+		if err != nil {
+			t.Fatal(op, err)
+		}
+		return v
+	}
+	tokens := func() int64 {
+		n, _ := rdb.Get(ctx, "quota:{handoff}:tokens").Int64()
+		return n
+	}
+	if v := run("acquire", 0, nil, []string{"a"}, 2, 5000, false); fmt.Sprint(v) != "[1 0 1,5000,7,0,0]" {
+		t.Fatalf("the first acquire replied %v, want the slot with its grant", v)
+	}
+	if tokens() != 2 {
+		t.Fatalf("%d tokens taken, want a's 2", tokens())
+	}
+	if v := run("acquire", 1000, nil, []string{"b"}, 3, 900000, true); fmt.Sprint(v) != "[0 59999000]" {
+		t.Fatalf("b's acquire replied %v, want it queued", v)
+	}
+	if tokens() != 2 {
+		t.Fatalf("%d tokens taken while b waits, want 2: a waiter takes nothing before its slot", tokens())
+	}
+	// a's release rides on another caller's try, 400 ms after b asked: b's
+	// deadline has 500 ms left.
+	if v := run("try", 401000, []string{"a"}, []string{"c"}, 1, 0, false); fmt.Sprint(v) != "[0 0]" {
+		t.Errorf("c's try replied %v, want nothing: b holds the slot", v)
+	}
+	if tokens() != 5 {
+		t.Errorf("%d tokens taken, want 5: b's 3 taken at its hand-off", tokens())
+	}
+	msg, err := sub.ReceiveMessage(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "s b=1,500000,7,0,0\n" + key; msg.Payload != want {
+		t.Errorf("announced %q, want %q", msg.Payload, want)
+	}
+	// Should the announcement be lost, b's renewal, as a waiter, tells it
+	// the grant, once.
+	if v := run("renew", 402000, nil, []string{"0", "0", "b"}, 0, 0, false); fmt.Sprint(v) != "[60000000 1 1,500000,7,0,0]" {
+		t.Errorf("b's renewal replied %v, want it held, with its grant", v)
+	}
+	if n, _ := rdb.HLen(ctx, keys[3]).Result(); n != 0 {
+		t.Errorf("%d takes left after the renewal told b its grant, want 0", n)
 	}
 }

@@ -188,21 +188,43 @@ func (s *Store) takeOne(ctx context.Context, b Bucket, n float64, maxWait time.D
 	if err := cmd.Err(); err != nil {
 		return Grant{Trips: trips, Size: 1}, err
 	}
-	if v, ok := cmd.Val().(int64); ok && v == 0 {
+	if x, ok := cmd.Val().(int64); ok && x == 0 {
 		return Grant{Granted: true, Trips: trips, Size: 1}, nil // granted without a wait
 	}
 	v, err := cmd.Int64Slice()
-	k := len(b.Keys)
-	if err != nil || len(v) != 2+k+2 {
+	if err != nil {
 		return Grant{Trips: trips, Size: 1}, fmt.Errorf("%w: %v", redisx.ErrReply, cmd.Val())
+	}
+	g, err := Decode(b, v)
+	g.Trips, g.Size = trips, 1
+	return g, err
+}
+
+// TakeCall returns the script's KEYS and ARGV of a take of n tokens from
+// every layer of b with a longest wait of maxWait, for a script that runs
+// this one's (internal/slots), and whose reply Decode reads.
+func (s *Store) TakeCall(b Bucket, n float64, maxWait time.Duration) (keys []string, args []any) {
+	return b.Call, s.args(b, "take", s.argv.tokens(n), s.argv.micros(maxWait.Microseconds()), nil, 0)
+}
+
+// Source returns the bucket script's source, without the prelude.
+func Source() string { return source }
+
+// Decode reads the reply to a take of b, its integers in order: 0 alone
+// when it was granted without a wait.
+func Decode(b Bucket, v []int64) (Grant, error) {
+	if len(v) == 1 && v[0] == 0 {
+		return Grant{Granted: true}, nil
+	}
+	k := len(b.Keys)
+	if len(v) != 2+k+2 {
+		return Grant{}, fmt.Errorf("%w: %v", redisx.ErrReply, v)
 	}
 	return Grant{
 		Granted: v[0] == 1,
 		Wait:    time.Duration(v[1]) * time.Microsecond,
 		Tats:    v[2 : 2+k : 2+k],
 		Pause:   Pause{Since: v[2+k], Shifted: v[3+k]},
-		Trips:   trips,
-		Size:    1,
 	}, nil
 }
 
