@@ -439,6 +439,9 @@ func TestRetryEachAttemptHoldsOneSlot(t *testing.T) {
 		defer inFlightNow.Add(-1)
 		peak.Store(max(peak.Load(), n))
 		held, _ := slotsHeld(t, rdb, name)
+		key, _ := bucketKey(DefaultPrefix, name)
+		z, _ := rdb.ZRangeWithScores(context.Background(), key+slots.HeldSuffix, 0, -1).Result()
+		t.Logf("DEBUG %v now %d", z, time.Now().UnixMicro())
 		if held != 1 {
 			t.Errorf("attempt %d: %d slots held in Redis, want 1", attempts.Load()+1, held)
 		}
@@ -702,6 +705,37 @@ func TestSlotHandOffAcrossProcesses(t *testing.T) {
 	}
 	if p50 := measure("control", 1, 20*time.Millisecond, 30*time.Millisecond); p50 < 15*time.Millisecond {
 		t.Errorf("control, a lone release waiting 30ms: hand-off p50 %v, want over 15ms: the measure misses a delayed release", p50)
+	}
+}
+
+// TestFlushSendsTheReleasesBeforeExit: a process that calls Flush before
+// it exits leaves no slot held in Redis; one that does not leaves the
+// releases still waiting for a call to ride on, whose slots stay held for
+// their leases. Releases wait 2 s here, so that the control cannot send
+// them in time by chance.
+func TestFlushSendsTheReleasesBeforeExit(t *testing.T) {
+	redistest.Long(t)
+	t.Parallel()
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	for _, flush := range []bool{true, false} {
+		provider := httptest.NewServer(&handOffs{latency: 5 * time.Millisecond})
+		defer provider.Close()
+		name := provider.Listener.Addr().String() // the Transport's bucket
+		spec := workerSpec{Addr: srv.Addr(), Key: name, Limit: fastLimit, Goroutines: 4, Duration: 300 * time.Millisecond,
+			URL: provider.URL, Concurrency: 4, ReleaseDelay: 2 * time.Second, NoFlush: !flush}
+		reps := startWorkers(t, 1, spec).wait(t)
+		if len(reps[0].Grants) < 4 {
+			t.Fatalf("flush %v: %d requests, too few", flush, len(reps[0].Grants))
+		}
+		held, _ := slotsHeld(t, rdb, name)
+		t.Logf("flush %v: %d requests, %d slots held in Redis after the process exited", flush, len(reps[0].Grants), held)
+		switch {
+		case flush && held != 0:
+			t.Errorf("with Flush: %d slots held after the process exited, want 0", held)
+		case !flush && held == 0:
+			t.Errorf("control, without Flush: no slot held after the process exited: the test cannot tell a lost release")
+		}
 	}
 }
 

@@ -151,7 +151,7 @@ func TestSlowRedisDoesNotDelayTheResponse(t *testing.T) {
 		t.Errorf("the 429 came back after %v: its pause held it back", took)
 	}
 
-	tr.limiter.updates.wg.Wait()
+	_ = tr.limiter.updates.running.Wait(context.Background())
 	var rm metricdata.ResourceMetrics
 	if err := reader.Collect(context.Background(), &rm); err != nil {
 		t.Fatal(err)

@@ -674,6 +674,8 @@ type workerSpec struct {
 	Think time.Duration
 	// ReleaseDelay, when above zero, replaces slots.ReleaseDelay.
 	ReleaseDelay time.Duration
+	// NoFlush exits without Limiter.Flush.
+	NoFlush bool
 }
 
 // workerHeader names the worker process (its pid) on each request it sends
@@ -747,8 +749,9 @@ func (spec workerSpec) transportOptions() []TransportOption {
 }
 
 // acquirer returns how each of the worker's goroutines acquires one grant
-// through rdb: WaitN on the spec's layers by default.
-func (spec workerSpec) acquirer(rdb redis.UniversalClient) acquireFunc {
+// through rdb (WaitN on the spec's layers by default), and the Limiter it
+// uses, if any.
+func (spec workerSpec) acquirer(rdb redis.UniversalClient) (acquireFunc, *Limiter) {
 	cost := spec.Cost
 	if cost == 0 {
 		cost = 1
@@ -756,9 +759,10 @@ func (spec workerSpec) acquirer(rdb redis.UniversalClient) acquireFunc {
 	switch {
 	case spec.Naive:
 		key, _ := bucketKey(DefaultPrefix, spec.Key)
-		return func(ctx context.Context) error { return naiveWait(ctx, rdb.(*redis.Client), key, spec.Limit) }
+		return func(ctx context.Context) error { return naiveWait(ctx, rdb.(*redis.Client), key, spec.Limit) }, nil
 	case spec.URL != "":
-		client := &http.Client{Transport: NewTransport(rdb, spec.Limit, spec.transportOptions()...)}
+		tr := NewTransport(rdb, spec.Limit, spec.transportOptions()...)
+		client := &http.Client{Transport: tr}
 		return func(ctx context.Context) error {
 			req, err := http.NewRequestWithContext(ctx, "GET", spec.URL, nil)
 			if err != nil {
@@ -770,10 +774,10 @@ func (spec workerSpec) acquirer(rdb redis.UniversalClient) acquireFunc {
 				resp.Body.Close()
 			}
 			return err
-		}
+		}, tr.Limiter()
 	default:
 		l := NewLimiter(rdb, spec.limiterOptions()...)
-		return func(ctx context.Context) error { return l.WaitN(ctx, spec.Key, cost, spec.Limit, spec.Layers...) }
+		return func(ctx context.Context) error { return l.WaitN(ctx, spec.Key, cost, spec.Limit, spec.Layers...) }, l
 	}
 }
 
@@ -794,7 +798,7 @@ func runWorker() int {
 	// them.
 	rdb := spec.client()
 	rdb.AddHook(dueHook{})
-	acquire := spec.acquirer(rdb)
+	acquire, limiter := spec.acquirer(rdb)
 	ctx, cancel := context.WithTimeout(context.Background(), workerReadyTimeout)
 	err := warmUp(ctx, rdb, spec.Key, spec.Goroutines)
 	cancel()
@@ -834,6 +838,13 @@ func runWorker() int {
 		}
 	}
 	grants, err := swarm(ctx, spec.Goroutines, start.Start, spec.Duration, acquire)
+	if limiter != nil && !spec.NoFlush {
+		fctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		if ferr := limiter.Flush(fctx); ferr != nil && err == nil {
+			err = fmt.Errorf("Flush: %w", ferr)
+		}
+		cancel()
+	}
 	rep := workerReport{Stamps: grants, Commands: int64(cmds.total()), Ops: cmds.byOp()}
 	for _, g := range grants {
 		rep.Grants = append(rep.Grants, g.Woke)

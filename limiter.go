@@ -211,6 +211,23 @@ func (l *Limiter) announced(payload string) {
 // health endpoint.
 func (l *Limiter) Mode() Mode { return l.mode() }
 
+// Flush sends what the Limiter still has to tell Redis and waits for it:
+// the releases of concurrency slots, which wait up to a millisecond to
+// ride on the process's next call for their bucket, and the updates that
+// responses cause (pauses, lowered buckets, settles), which run in the
+// background. Call it before the process exits: a release it never sends
+// leaves its slot held until the slot's lease ends (WithSlotLease).
+//
+// It returns nil once nothing is left to send, or ctx's error. Lingering
+// slots (WithSlotLinger) are not ended early. The Limiter stays usable,
+// and what callers do meanwhile is waited for too.
+func (l *Limiter) Flush(ctx context.Context) error {
+	if err := l.slots.Flush(ctx); err != nil {
+		return err
+	}
+	return l.updates.running.Wait(ctx)
+}
+
 // bucket returns the bucket called name with layers lims, validated and
 // resolved, without asking Redis anything.
 func (l *Limiter) bucket(name string, lims []Limit) (bucket, error) {

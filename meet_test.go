@@ -369,7 +369,7 @@ func TestGiveBackKeepsTheRetryAfter(t *testing.T) {
 	}
 	resp.Body.Close()
 	answered := time.Now()
-	tr.Limiter().updates.wg.Wait()
+	_ = tr.Limiter().updates.running.Wait(context.Background())
 	var wg sync.WaitGroup
 	for range 4 {
 		wg.Go(func() {
@@ -453,7 +453,7 @@ func TestUpdatesUseTheLimitInForce(t *testing.T) {
 				t.Fatal(err)
 			}
 			resp.Body.Close()
-			tr.Limiter().updates.wg.Wait()
+			_ = tr.Limiter().updates.running.Wait(context.Background())
 			st, err := tr.Limiter().Status(ctx, name)
 			if err != nil {
 				t.Fatal(err)
@@ -482,7 +482,7 @@ func TestSettleIsBounded(t *testing.T) {
 		t.Fatal(err)
 	}
 	resp.Body.Close()
-	tr.Limiter().updates.wg.Wait()
+	_ = tr.Limiter().updates.running.Wait(context.Background())
 	st, err := tr.Limiter().Status(context.Background(), provider.Listener.Addr().String())
 	if err != nil {
 		t.Fatal(err)

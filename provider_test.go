@@ -92,7 +92,7 @@ func getVia(t *testing.T, tr http.RoundTripper, ctx context.Context, url string,
 		resp.Body.Close()
 	}
 	if qt, ok := tr.(*Transport); ok {
-		qt.limiter.updates.wg.Wait()
+		_ = qt.limiter.updates.running.Wait(context.Background())
 	}
 	return err
 }

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sharedquota/quota/internal/pending"
 	"go.opentelemetry.io/otel/metric"
 )
 
@@ -38,7 +39,7 @@ var errTooManyUpdates = errors.New("quota: too many bucket updates in flight")
 // the breaker for those that say Redis is unavailable.
 type updates struct {
 	slots    chan struct{}
-	wg       sync.WaitGroup
+	running  pending.Count
 	failures metric.Int64Counter
 	cut      metric.Float64Counter
 	logger   *slog.Logger
@@ -78,9 +79,9 @@ func (l *Limiter) startUpdates(ctx context.Context, b bucket, us []update) {
 		}
 		return
 	}
-	l.updates.wg.Add(1)
+	l.updates.running.Add(1)
 	go func() {
-		defer l.updates.wg.Done()
+		defer l.updates.running.Done(1)
 		defer func() { <-l.updates.slots }()
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), updateTimeout)
 		defer cancel()

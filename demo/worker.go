@@ -74,6 +74,12 @@ func runWorker() error {
 		wg.Go(func() { send(ctx, client, spec, rec) })
 	}
 	wg.Wait()
+	if limiter != nil {
+		// What the Limiter still has to tell Redis goes before the exit.
+		fctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_ = limiter.Flush(fctx)
+		cancel()
+	}
 
 	report := rec.report(spec.ID)
 	report.Mode = "local limiter"

@@ -26,6 +26,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/sharedquota/quota/internal/pending"
 	"github.com/sharedquota/quota/internal/redisx"
 )
 
@@ -77,6 +78,10 @@ type Slots struct {
 	seq      atomic.Uint64
 	logger   *slog.Logger
 	told     Events
+
+	// sends counts the releases and cancellations not yet sent, or
+	// under way: Flush waits for them.
+	sends pending.Count
 
 	mu sync.Mutex
 	m  map[string]*Set // by the bucket's key
@@ -246,6 +251,7 @@ func (s *Slots) run(ctx context.Context, set *Set, n int, op string, take *Take,
 	if cmd.Err() != nil && len(released) > 0 {
 		s.release(set, released...)
 	}
+	s.sends.Done(len(released))
 	return cmd
 }
 
@@ -603,6 +609,7 @@ func (s *Slots) Release(set *Set, id string) {
 func (s *Slots) release(set *Set, ids ...string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.sends.Add(len(ids))
 	set.released = append(set.released, ids...)
 	if !set.flushing {
 		set.flushing = true
@@ -627,9 +634,31 @@ func (s *Slots) flush(set *Set) {
 	// On failure, the leases end them: they are renewed no longer.
 	_ = s.run(ctx, set, n, "release", nil, ids...).Err()
 	s.mu.Lock()
+	kept := len(set.released)
 	set.released = slices.DeleteFunc(set.released, func(id string) bool { return slices.Contains(ids, id) })
+	dropped := kept - len(set.released)
 	s.mu.Unlock()
+	s.sends.Done(len(ids) + dropped)
 	s.done(set)
+}
+
+// Flush sends at once the releases waiting for a call to ride on, and
+// returns once they and the cancellations under way have been sent (or
+// failed, which leaves their slots to their leases), or with ctx's error.
+// Releases made meanwhile are waited for too.
+func (s *Slots) Flush(ctx context.Context) error {
+	s.mu.Lock()
+	var due []*Set
+	for _, set := range s.m {
+		if len(set.released) > 0 {
+			due = append(due, set)
+		}
+	}
+	s.mu.Unlock()
+	for _, set := range due {
+		go s.flush(set)
+	}
+	return s.sends.Wait(ctx)
 }
 
 // background runs op for ids without making the caller wait, then lets
@@ -638,7 +667,9 @@ func (s *Slots) background(set *Set, op string, ids ...string) {
 	s.mu.Lock()
 	n := set.n
 	s.mu.Unlock()
+	s.sends.Add(1)
 	go func() {
+		defer s.sends.Done(1)
 		ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
 		defer cancel()
 		_ = s.run(ctx, set, n, op, nil, ids...).Err() // on failure, the lease ends it
