@@ -352,11 +352,15 @@ func TestConcurrencyAcrossProcesses(t *testing.T) {
 	perRequest := float64(calls) / float64(p.total.Load())
 	t.Logf("%.2f script calls a request, by operation: %v", perRequest, ops)
 	// A request takes its slot and its tokens in one call, and its release
-	// rides on its process's next one: 1.12 to 1.2 measured here, under
-	// the race detector, where a goroutine preempted for over a
-	// millisecond sends its release alone.
-	if perRequest > 1.3 {
-		t.Errorf("%.2f script calls a request, want at most 1.3", perRequest)
+	// rides on its process's next one: 1.14 measured without the race
+	// detector (scripts/slot-figures.sh), 1.16 to 1.31 under it, where a
+	// goroutine slowed past a millisecond sends its release alone.
+	bound := 1.3
+	if raceDetector {
+		bound = 1.5
+	}
+	if perRequest > bound {
+		t.Errorf("%.2f script calls a request, want at most %v", perRequest, bound)
 	}
 	if peak := p.peak.Load(); peak > slots {
 		t.Errorf("the provider saw %d requests in flight, limit %d", peak, slots)
