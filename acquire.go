@@ -24,15 +24,21 @@ func limits(lim Limit, layers []Limit) []Limit {
 }
 
 // ask is what one acquisition asks for: n tokens from each of the layers
-// lims, and, when slots is above zero, one of the bucket's slots; at once
-// or not at all when noWait is set (AllowN, WithNoWait), failing with
+// lims (or with meters, each[i] from the layer that meters meters[i]),
+// and, when slots is above zero, one of the bucket's slots; at once or
+// not at all when noWait is set (AllowN, WithNoWait), failing with
 // ErrWouldWait otherwise.
 type ask struct {
-	n      float64
+	n      float64 // with meters, each[0]
+	each   []float64
+	meters []string
 	lims   []Limit
 	slots  int
 	noWait bool
 }
+
+// cost returns what o asks of the bucket's layers.
+func (o ask) cost() store.Cost { return store.Cost{N: o.n, Each: o.each} }
 
 // acquire serves an ask on the bucket called name: the one acquisition
 // path. It takes the slot first and then the tokens, so that the grant is
@@ -51,7 +57,7 @@ func (l *Limiter) acquire(ctx context.Context, name string, o ask) (_ *Slot, err
 		}
 	}()
 
-	b, err := l.bucket(name, o.lims)
+	b, err := l.bucket(name, o.lims, o.meters...)
 	if err != nil {
 		return nil, err
 	}
@@ -59,7 +65,7 @@ func (l *Limiter) acquire(ctx context.Context, name string, o ask) (_ *Slot, err
 		return nil, err
 	}
 	span.limit(b.limit(0))
-	if err := b.checkTokens(o.n); err != nil {
+	if err := b.checkCost(o.cost()); err != nil {
 		return nil, err
 	}
 	if o.slots == 0 {
@@ -112,7 +118,7 @@ func (l *Limiter) waitTokens(ctx context.Context, span *waitSpan, b bucket, o as
 			b = b.under(b.ctl)
 			span.limit(b.limit(0))
 		}
-		if err := b.checkTokens(o.n); err != nil {
+		if err := b.checkCost(o.cost()); err != nil {
 			return err
 		}
 		if err := l.awaitPause(ctx, span, b, &o); err != nil {
@@ -121,7 +127,7 @@ func (l *Limiter) waitTokens(ctx context.Context, span *waitSpan, b bucket, o as
 		if mode := l.mode(); mode != ModeShared {
 			span.mode = mode
 			l.degraded(b)
-			wait, err := l.degradedWait(ctx, b, o.n, mode, o.noWait)
+			wait, err := l.degradedWait(ctx, b, o.cost(), mode, o.noWait)
 			span.wait = wait
 			if err == errAskAgain {
 				continue // slept MaxWait: Redis may be back by now
@@ -132,7 +138,7 @@ func (l *Limiter) waitTokens(ctx context.Context, span *waitSpan, b bucket, o as
 		if o.noWait {
 			maxWait = 0
 		}
-		g, err := l.store.Take(ctx, b.Bucket, o.n, maxWait)
+		g, err := l.store.Take(ctx, b.Bucket, o.cost(), maxWait)
 		span.trips += g.Trips
 		if g.Size > 0 {
 			batchSize(ctx, g.Size)
@@ -174,7 +180,7 @@ func (l *Limiter) granted(ctx context.Context, span *waitSpan, b bucket, o ask, 
 					tats[i] += moved.Microseconds()
 				}
 			}
-			go l.refund(context.WithoutCancel(ctx), b, o.n, tats)
+			go l.refund(context.WithoutCancel(ctx), b, o.cost(), tats)
 			if err == ErrWouldExceedDeadline {
 				return true, fmt.Errorf("%w: a pause moved %q's grant by %v", ErrWouldExceedDeadline, name, moved)
 			}
@@ -238,9 +244,9 @@ func (l *Limiter) recordFailure(ctx context.Context, err error) {
 // errAskAgain tells acquire that the policy slept MaxWait without granting.
 var errAskAgain = errors.New("quota: ask again")
 
-// refund hands n tokens taken at tats back to the bucket after the caller
-// gave up waiting for them.
-func (l *Limiter) refund(ctx context.Context, b bucket, n float64, tats []int64) {
+// refund hands n taken at tats back to the bucket after the caller gave
+// up waiting for it.
+func (l *Limiter) refund(ctx context.Context, b bucket, n store.Cost, tats []int64) {
 	ctx, cancel := context.WithTimeout(ctx, refundTimeout)
 	defer cancel()
 	if err := l.store.Refund(ctx, b.Bucket, n, tats); err == nil {

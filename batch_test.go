@@ -353,7 +353,7 @@ func TestBatchWeightedLayers(t *testing.T) {
 	alone, _ := newBucket(DefaultPrefix, "weighted-alone", lims)
 	one := store.NewStore(r.rdb, store.Options{Clock: clock.Now}) // every take a call of its own
 	for i, n := range costs {
-		want, err := one.Take(context.Background(), alone.Bucket, n, time.Hour)
+		want, err := one.Take(context.Background(), alone.Bucket, store.Tokens(n), time.Hour)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -595,7 +595,7 @@ func TestHorizonsAreBounded(t *testing.T) {
 			t.Fatal(err)
 		}
 		for range 2 {
-			if _, err := l.store.Take(ctx, b.Bucket, 1, time.Hour); err != nil {
+			if _, err := l.store.Take(ctx, b.Bucket, store.Tokens(1), time.Hour); err != nil {
 				t.Fatal(err)
 			}
 		}

@@ -29,8 +29,9 @@ func bucketKey(prefix, name string) (string, error) {
 }
 
 // newBucket returns the bucket named name with layers lims, validated and
-// resolved, without asking Redis anything.
-func newBucket(prefix, name string, lims []Limit) (bucket, error) {
+// resolved, without asking Redis anything; with meters, one per layer,
+// each layer meters a thing of its own.
+func newBucket(prefix, name string, lims []Limit, meters ...string) (bucket, error) {
 	if name == "" {
 		return bucket{}, fmt.Errorf("%w: empty bucket name", ErrInvalidKey)
 	}
@@ -46,7 +47,7 @@ func newBucket(prefix, name string, lims []Limit) (bucket, error) {
 		}
 		resolved = append(resolved, store.Limit(lim))
 	}
-	return bucket{Bucket: store.New(prefix, name, resolved)}, nil
+	return bucket{Bucket: store.New(prefix, name, resolved, meters...)}, nil
 }
 
 // limit returns the Limit of layer i.
@@ -58,6 +59,29 @@ func (b bucket) checkTokens(n float64) error {
 		if err := b.limit(i).checkTokens(b.Name, n); err != nil {
 			return err
 		}
+	}
+	return nil
+}
+
+// checkCost reports whether c can ever be granted from b: n tokens from
+// every layer, or from a bucket of meters its amount from each, zero
+// from some but not from all.
+func (b bucket) checkCost(c store.Cost) error {
+	if c.Each == nil {
+		return b.checkTokens(c.N)
+	}
+	some := false
+	for i, n := range c.Each {
+		if n == 0 {
+			continue
+		}
+		some = true
+		if err := b.limit(i).checkTokens(b.Name+" "+b.Meters[i], n); err != nil {
+			return err
+		}
+	}
+	if !some {
+		return fmt.Errorf("%w: bucket %q: nothing asked of any meter", ErrInvalidTokens, b.Name)
 	}
 	return nil
 }

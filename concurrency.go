@@ -92,7 +92,7 @@ func (l *Limiter) acquireSlot(ctx context.Context, span *waitSpan, b bucket, n i
 			if tokens.noWait {
 				maxWait, deadline = 0, false
 			}
-			keys, args := l.store.TakeCall(b.Bucket, tokens.n, maxWait)
+			keys, args := l.store.TakeCall(b.Bucket, tokens.cost(), maxWait)
 			take = &slots.Take{Keys: keys, Args: args, Deadline: deadline}
 		}
 		set, id, taken, err := l.slots.Acquire(ctx, b.Name, b.Keys[0], n, try, take)

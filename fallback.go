@@ -15,11 +15,10 @@ import (
 	"golang.org/x/time/rate"
 )
 
-// localWait waits for n tokens from this process's share of every layer,
-// or takes them only if the share has them now when noWait is set, and
-// returns how long it waited, or under dry run would have.
-func (l *Limiter) localWait(ctx context.Context, b bucket, n float64, noWait bool) (time.Duration, error) {
-	tokens := int(math.Ceil(n))
+// localWait waits for n from this process's share of every layer, or
+// takes it only if the shares have it now when noWait is set, and returns
+// how long it waited, or under dry run would have.
+func (l *Limiter) localWait(ctx context.Context, b bucket, n store.Cost, noWait bool) (time.Duration, error) {
 	now := time.Now()
 	var delay time.Duration
 	var rs []*rate.Reservation
@@ -29,6 +28,10 @@ func (l *Limiter) localWait(ctx context.Context, b bucket, n float64, noWait boo
 		}
 	}
 	for i, lim := range b.Lims {
+		tokens := int(math.Ceil(n.Of(i)))
+		if tokens == 0 {
+			continue // a meter asked nothing
+		}
 		rl, err := l.locals.Get(b.Name, b.Keys[0], b.Keys[i], local.Limit(lim), l.workers.Divisor(l.cfg.policy.workers))
 		if err != nil {
 			cancel()
@@ -38,7 +41,7 @@ func (l *Limiter) localWait(ctx context.Context, b bucket, n float64, noWait boo
 		if tokens > rl.Burst() {
 			cancel()
 			l.breaker.Refused()
-			return 0, fmt.Errorf("%w: %v tokens exceed this worker's local share of the burst, %d", ErrUnavailable, n, rl.Burst())
+			return 0, fmt.Errorf("%w: %d tokens exceed this worker's local share of the burst, %d", ErrUnavailable, tokens, rl.Burst())
 		}
 		r := rl.ReserveN(now, tokens)
 		rs = append(rs, r)
@@ -104,7 +107,7 @@ func (l *Limiter) settleLocal() error {
 		ctx, cancel := context.WithTimeout(context.Background(), breaker.ProbeTimeout)
 		err := l.store.Lower(ctx, b, max(s.Tokens, 0)*workers)
 		if err == nil && s.Tokens < 0 {
-			err = l.store.Adjust(ctx, b, -s.Tokens, "")
+			err = l.store.Adjust(ctx, b, store.Tokens(-s.Tokens), "")
 		}
 		cancel()
 		if err != nil {

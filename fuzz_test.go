@@ -77,14 +77,14 @@ func FuzzScript(f *testing.F) {
 		}
 		maxWait = min(max(maxWait, 0), int64(time.Hour)) / 1000
 		for _, key := range []string{"quota:{fuzz}", "quota:{fuzz-" + lim.String() + "}"} {
-			r, err := l.store.Take(ctx, oneLayer(key, lim), n, time.Duration(maxWait)*time.Microsecond)
+			r, err := l.store.Take(ctx, oneLayer(key, lim), store.Tokens(n), time.Duration(maxWait)*time.Microsecond)
 			if err != nil {
 				t.Fatalf("take %v of %v, max wait %dus: %v", n, lim, maxWait, err)
 			}
 			if r.Wait < 0 || (r.Granted && r.Wait.Microseconds() > maxWait) {
 				t.Fatalf("take %v of %v, max wait %dus: reply %+v", n, lim, maxWait, r)
 			}
-			if err := l.store.Refund(ctx, oneLayer(key, lim), n, r.Tats); err != nil {
+			if err := l.store.Refund(ctx, oneLayer(key, lim), store.Tokens(n), r.Tats); err != nil {
 				t.Fatalf("refund %v of %v: %v", n, lim, err)
 			}
 		}

@@ -2,6 +2,7 @@ package quota
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -478,7 +479,7 @@ func TestReportedWaitIsExact(t *testing.T) {
 	take := func(l *Limiter, b bucket, n float64) (store.Grant, *dueRecord) {
 		t.Helper()
 		tctx, rec := withDueRecord(ctx)
-		g, err := l.store.Take(tctx, b.Bucket, n, time.Minute)
+		g, err := l.store.Take(tctx, b.Bucket, store.Tokens(n), time.Minute)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -676,6 +677,23 @@ type workerSpec struct {
 	ReleaseDelay time.Duration
 	// NoFlush exits without Limiter.Flush.
 	NoFlush bool
+
+	// LLM, with URL, posts to an LLM API through a Transport
+	// WithMetering of that API's profile: "anthropic" or "openai", under
+	// LLMLimits (Limit is the requests').
+	LLM       string
+	LLMLimits llmLimits
+	Stream    bool // ask for answers as event streams
+	MaxTokens int  // each request's max_tokens
+	NoSettle  bool // the profile without its Usage: reservations never settle
+	// OwnPrefix gives each worker a prefix of its own: per-process
+	// limiters, which share nothing.
+	OwnPrefix bool
+}
+
+// llmLimits are the token limits of an LLM profile.
+type llmLimits struct {
+	Input, Output, Tokens Limit
 }
 
 // workerHeader names the worker process (its pid) on each request it sends
@@ -720,6 +738,9 @@ func (spec workerSpec) limiterOptions() []Option {
 	if spec.SlotLease > 0 {
 		opts = append(opts, WithSlotLease(spec.SlotLease))
 	}
+	if spec.OwnPrefix {
+		opts = append(opts, WithPrefix(fmt.Sprintf("quota:%d:", os.Getpid())))
+	}
 	return opts
 }
 
@@ -745,6 +766,19 @@ func (spec workerSpec) transportOptions() []TransportOption {
 	case spec.Linger < 0:
 		opts = append(opts, WithSlotLinger(0))
 	}
+	if spec.LLM != "" {
+		var m Metering
+		switch spec.LLM {
+		case "anthropic":
+			m = Anthropic(AnthropicLimits{InputTokens: spec.LLMLimits.Input, OutputTokens: spec.LLMLimits.Output})
+		case "openai":
+			m = OpenAI(OpenAILimits{Tokens: spec.LLMLimits.Tokens})
+		}
+		if spec.NoSettle {
+			m.Usage = nil
+		}
+		opts = append(opts, WithMetering(m))
+	}
 	return opts
 }
 
@@ -760,6 +794,26 @@ func (spec workerSpec) acquirer(rdb redis.UniversalClient) (acquireFunc, *Limite
 	case spec.Naive:
 		key, _ := bucketKey(DefaultPrefix, spec.Key)
 		return func(ctx context.Context) error { return naiveWait(ctx, rdb.(*redis.Client), key, spec.Limit) }, nil
+	case spec.LLM != "":
+		tr := NewTransport(rdb, spec.Limit, spec.transportOptions()...)
+		client := &http.Client{Transport: tr}
+		var seq atomic.Int64
+		return func(ctx context.Context) error {
+			body := llmRequest(spec.LLM, int(seq.Add(1)), spec.MaxTokens, spec.Stream)
+			req, err := http.NewRequestWithContext(ctx, "POST", spec.URL, bytes.NewReader(body))
+			if err != nil {
+				return err
+			}
+			req.Header.Set("Content-Type", "application/json")
+			req.Header.Set(workerHeader, strconv.Itoa(os.Getpid()))
+			resp, err := client.Do(req)
+			if err != nil {
+				return err
+			}
+			_, err = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			return err
+		}, tr.Limiter()
 	case spec.URL != "":
 		tr := NewTransport(rdb, spec.Limit, spec.transportOptions()...)
 		client := &http.Client{Transport: tr}

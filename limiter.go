@@ -228,8 +228,9 @@ func (l *Limiter) Flush(ctx context.Context) error {
 	return l.updates.running.Wait(ctx)
 }
 
-// bucket returns the bucket called name with layers lims, validated and
-// resolved, without asking Redis anything.
-func (l *Limiter) bucket(name string, lims []Limit) (bucket, error) {
-	return newBucket(l.cfg.prefix, name, lims)
+// bucket returns the bucket called name with layers lims (each metering
+// a thing of its own, with meters), validated and resolved, without
+// asking Redis anything.
+func (l *Limiter) bucket(name string, lims []Limit, meters ...string) (bucket, error) {
+	return newBucket(l.cfg.prefix, name, lims, meters...)
 }

@@ -140,7 +140,7 @@ func TestLimitChangeDuringAPause(t *testing.T) {
 			t.Fatal(err)
 		}
 		for range 2 {
-			if _, err := l.store.Take(ctx, b.Bucket, 100, time.Minute); err != nil {
+			if _, err := l.store.Take(ctx, b.Bucket, store.Tokens(100), time.Minute); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -182,7 +182,7 @@ func TestNothingSpins(t *testing.T) {
 			}
 			b, _ := l.bucket(name, []Limit{lim})
 			for range 4 { // four more: four years
-				if _, err := l.store.Take(context.Background(), b.Bucket, 1, 5*365*24*time.Hour); err != nil {
+				if _, err := l.store.Take(context.Background(), b.Bucket, store.Tokens(1), 5*365*24*time.Hour); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -261,7 +261,7 @@ func TestNothingSpins(t *testing.T) {
 	b, _ := l.bucket("spun", []Limit{{Rate: 1 / (300 * 86400.0), Burst: 1}})
 	began := time.Now()
 	for time.Since(began) < 200*time.Millisecond {
-		_, _ = l.store.Take(context.Background(), b.Bucket, 1, 0)
+		_, _ = l.store.Take(context.Background(), b.Bucket, store.Tokens(1), 0)
 	}
 	if n := cmds.get("evalsha") + cmds.get("eval"); float64(n)/time.Since(began).Seconds() < 100 {
 		t.Errorf("a loop without a sleep counted %d calls in 200ms: the counter misses them", n)
@@ -402,7 +402,7 @@ func TestGiveBackKeepsTheRetryAfter(t *testing.T) {
 		t.Fatal(err)
 	}
 	for range 2 {
-		if err := l.store.Adjust(ctx, b.Bucket, -4, "settle-1"); err != nil {
+		if err := l.store.Adjust(ctx, b.Bucket, store.Tokens(-4), "settle-1"); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/sharedquota/quota/internal/redisx"
+	"github.com/sharedquota/quota/internal/store"
 )
 
 // A Mode is how a Limiter grants tokens at the moment.
@@ -170,7 +171,7 @@ func describeMode(m Mode, dryRun bool) string {
 // degradedWait serves a request by the Policy while Redis is unavailable,
 // taking only tokens available now when noWait is set, and returns how long
 // the request waited, or under dry run would have.
-func (l *Limiter) degradedWait(ctx context.Context, b bucket, n float64, mode Mode, noWait bool) (time.Duration, error) {
+func (l *Limiter) degradedWait(ctx context.Context, b bucket, n store.Cost, mode Mode, noWait bool) (time.Duration, error) {
 	switch mode {
 	case ModeOpen:
 		l.breaker.Served()

@@ -13,6 +13,7 @@ import (
 	"github.com/hashicorp/go-retryablehttp"
 	"github.com/redis/go-redis/v9"
 	"github.com/sharedquota/quota/internal/redistest"
+	"github.com/sharedquota/quota/internal/store"
 )
 
 func TestRetryAfter(t *testing.T) {
@@ -215,7 +216,7 @@ func tokensAtOnce(t *testing.T, l *Limiter, name string, lim Limit) func(n float
 			t.Fatal(err)
 		}
 		for i := 0; ; i++ {
-			g, err := l.store.Take(context.Background(), b.Bucket, n, 0)
+			g, err := l.store.Take(context.Background(), b.Bucket, store.Tokens(n), 0)
 			if err != nil {
 				t.Fatal(err)
 			}

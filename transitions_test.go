@@ -502,10 +502,10 @@ func TestPauseBeforeListening(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := a.store.Take(ctx, bk.Bucket, 1, time.Second); err != nil { // the one token
+	if _, err := a.store.Take(ctx, bk.Bucket, store.Tokens(1), time.Second); err != nil { // the one token
 		t.Fatal(err)
 	}
-	g, err := a.store.Take(ctx, bk.Bucket, 1, time.Second) // due in 100 ms
+	g, err := a.store.Take(ctx, bk.Bucket, store.Tokens(1), time.Second) // due in 100 ms
 	if err != nil || g.Wait <= 0 {
 		t.Fatalf("take: %+v, %v; want a wait", g, err)
 	}

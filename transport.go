@@ -6,14 +6,18 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"net/http"
 	"net/http/httptrace"
+	"slices"
+	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/sharedquota/quota/internal/request"
+	"github.com/sharedquota/quota/internal/store"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 )
@@ -45,6 +49,9 @@ var _ http.RoundTripper = (*Transport)(nil)
 // panics if rdb is nil without WithLimiter.
 func NewTransport(rdb redis.Scripter, lim Limit, opts ...TransportOption) *Transport {
 	cfg := newConfig(opts)
+	if cfg.metering != nil && (len(cfg.layers) > 0 || cfg.settle != nil) {
+		panic("quota: NewTransport with WithMetering and WithLayers or WithSettle: give further limits as Meters, and settle through the Metering's Usage")
+	}
 	l := cfg.limiter
 	if l == nil {
 		l = newLimiter(rdb, cfg)
@@ -58,6 +65,7 @@ func NewTransport(rdb redis.Scripter, lim Limit, opts ...TransportOption) *Trans
 	shared.limiter, shared.base, shared.key, shared.limits, shared.layers = l, cfg.base, cfg.key, cfg.limits, cfg.layers
 	shared.cost, shared.settle, shared.maxPause, shared.noWait = cfg.cost, cfg.settle, cfg.maxPause, cfg.noWait
 	shared.providerHeaders, shared.concurrency, shared.slotLinger = cfg.providerHeaders, cfg.concurrency, cfg.slotLinger
+	shared.metering = cfg.metering
 	return &Transport{limiter: l, cfg: shared, limit: lim}
 }
 
@@ -84,27 +92,46 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		cost = t.cfg.cost(req)
 	}
 	o := ask{n: cost, lims: lims, slots: t.cfg.concurrency, noWait: t.cfg.noWait}
+	sent := req
+	if t.cfg.metering != nil {
+		if o, sent, err = t.meterAsk(req, o); err != nil {
+			closeBody(req)
+			return nil, err
+		}
+	}
 	slot, err := t.limiter.acquire(req.Context(), name, o)
 	if err != nil {
-		closeBody(req)
+		closeBody(sent)
 		return nil, err
 	}
-	if slot == nil {
+	if slot == nil && t.cfg.metering == nil {
 		resp, err := t.cfg.base.RoundTrip(req)
 		if err == nil {
-			t.learn(req.Context(), name, lims, cost, resp)
+			t.learn(req.Context(), name, o, resp, nil)
 		}
 		return resp, err
 	}
-	return t.send(req, name, lims, cost, o, slot)
+	return t.send(sent, name, o, slot)
 }
 
-// send sends req on slot, which it holds until the provider is done with
-// the request: to the end of the response body, or for a linger after the
-// request ended while the provider may still work on it.
-func (t *Transport) send(req *http.Request, name string, lims []Limit, cost float64, o ask, slot *Slot) (*http.Response, error) {
+// send sends req on slot, when not nil, which it holds until the provider
+// is done with the request: to the end of the response body, or for a
+// linger after the request ended while the provider may still work on it.
+// A metered request's reservation is settled from its response, or handed
+// back when the request failed before it was written.
+func (t *Transport) send(req *http.Request, name string, o ask, slot *Slot) (*http.Response, error) {
 	ctx := req.Context()
-	for {
+	var res *Reservation
+	if t.cfg.metering != nil {
+		res = &Reservation{l: t.limiter, ctx: context.WithoutCancel(ctx), name: name, o: o, maxPause: t.cfg.maxPause}
+		if m := t.cfg.metering; len(m.NoGiveBack) > 0 {
+			res.kept = make([]bool, len(o.meters))
+			for i, name := range o.meters {
+				res.kept[i] = slices.Contains(m.NoGiveBack, name)
+			}
+		}
+	}
+	for slot != nil {
 		ok, err := slot.confirm(ctx)
 		if ok {
 			break
@@ -114,7 +141,7 @@ func (t *Transport) send(req *http.Request, name string, lims []Limit, cost floa
 				closeBody(req)
 				return nil, cerr
 			}
-			b, _ := t.limiter.bucket(name, lims)
+			b, _ := t.limiter.bucket(name, o.lims, o.meters...)
 			t.limiter.trip(b, err)
 		}
 		// The slot's lease ended before the request went: it queues again.
@@ -134,11 +161,44 @@ func (t *Transport) send(req *http.Request, name string, lims []Limit, cost floa
 			slot.linger(t.linger(name))
 		} else {
 			slot.Release()
+			res.Cancel() // the provider never saw it
 		}
 		return nil, err
 	}
-	t.learn(ctx, name, lims, cost, resp)
-	request.Hold(resp, func(end request.End) {
+	var usage *watchedUsage
+	if res != nil && t.cfg.metering.Usage != nil {
+		if ur := t.cfg.metering.Usage(resp); ur != nil {
+			usage = &watchedUsage{r: ur}
+		}
+	}
+	var lows []float64
+	if res != nil && t.limiter.Mode() == ModeShared {
+		lows = t.lows(o, resp.Header, time.Now())
+	}
+	if usage != nil {
+		res.lows, res.lowsAt, lows = lows, time.Now(), nil // they ride on the settle
+	}
+	t.learn(ctx, name, o, resp, lows)
+	if slot == nil && usage == nil {
+		return resp, nil
+	}
+	var seen io.Writer
+	if usage != nil {
+		seen = usage
+	}
+	request.Watch(resp, seen, func(end request.End) {
+		if usage != nil {
+			// Settled only with the usage the response told: a body that
+			// ended before it keeps the whole reservation.
+			if u, ok := usage.Usage(); ok {
+				res.Settle(u)
+			} else {
+				res.lower()
+			}
+		}
+		if slot == nil {
+			return
+		}
 		switch {
 		case end == request.Done:
 			t.times.Add(name, time.Since(start))
@@ -150,6 +210,25 @@ func (t *Transport) send(req *http.Request, name string, lims []Limit, cost floa
 		}
 	})
 	return resp, nil
+}
+
+// watchedUsage serialises a UsageReader's calls: a body may be closed
+// while another goroutine reads it.
+type watchedUsage struct {
+	mu sync.Mutex
+	r  UsageReader
+}
+
+func (w *watchedUsage) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.r.Write(p)
+}
+
+func (w *watchedUsage) Usage() (Usage, bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.r.Usage()
 }
 
 // linger returns how long a slot of the bucket called name stays held
@@ -169,17 +248,14 @@ func (t *Transport) linger(name string) time.Duration {
 // the caller at once. It does nothing while Redis is unavailable. The
 // script computes each with the Limit in force and within the bucket's
 // pause; learn bounds what a settle may take (see settleBound).
-func (t *Transport) learn(ctx context.Context, name string, lims []Limit, cost float64, resp *http.Response) {
+func (t *Transport) learn(ctx context.Context, name string, o ask, resp *http.Response, lows []float64) {
 	if t.limiter.Mode() != ModeShared {
 		return
 	}
-	b, err := t.limiter.bucket(name, lims)
+	cost := o.n
+	b, err := t.limiter.inForce(name, o.lims, o.meters)
 	if err != nil {
 		return // cannot be: the take resolved the same bucket
-	}
-	if e := t.limiter.controls.Lookup(b.Keys[0]); e != nil {
-		b.passed = b.limit(0)
-		b = b.under(e)
 	}
 	var us []update
 	st := t.limiter.store
@@ -194,7 +270,7 @@ func (t *Transport) learn(ctx context.Context, name string, lims []Limit, cost f
 	if d, ok := retryAfter(resp, now); ok && t.cfg.maxPause > 0 {
 		us = append(us, pause(d))
 	}
-	if t.cfg.providerHeaders {
+	if t.cfg.providerHeaders && o.meters == nil { // a Metering reads its own (Remaining)
 		if remaining, reset, ok := rateLimitHeaders(resp.Header, now); ok {
 			if remaining < 1 && reset > 0 && t.cfg.maxPause > 0 {
 				us = append(us, pause(reset))
@@ -205,40 +281,29 @@ func (t *Transport) learn(ctx context.Context, name string, lims []Limit, cost f
 			}
 		}
 	}
+	if lows != nil {
+		us = append(us, update{updateLower, func(ctx context.Context) error { return st.LowerEach(ctx, b.Bucket, lows) }})
+	}
 	if t.cfg.settle != nil {
 		if real, ok := t.cfg.settle(resp); ok && real >= 0 && !math.IsInf(real, 0) && real != cost {
 			extra := real - cost
-			if bound := t.settleBound(b); extra > bound {
+			slowest := math.Inf(1)
+			for _, lim := range b.Lims {
+				slowest = min(slowest, lim.Rate)
+			}
+			if bound := settleBound(slowest, t.cfg.maxPause); extra > bound {
 				t.limiter.updates.cut.Add(ctx, extra-bound, metric.WithAttributes(attrKey.String(b.Name)))
 				extra = bound
 			}
 			id := settleID()
 			us = append(us, update{updateSettle, func(ctx context.Context) error {
-				return st.Adjust(ctx, b.Bucket, extra, id)
+				return st.Adjust(ctx, b.Bucket, store.Tokens(extra), id)
 			}})
 		}
 	}
 	if len(us) > 0 {
 		t.limiter.startUpdates(ctx, b, us)
 	}
-}
-
-// settleBound returns the most tokens a settle may take beyond the cost
-// taken for its request: what the bucket's slowest layer refills in the
-// longest pause a provider may put on it (WithMaxPause, or DefaultMaxPause
-// when pauses are off). A response that reports more, a broken header or a
-// hostile one, puts no more debt on the fleet than a Retry-After could;
-// the rest is counted in quota.settle.cut.
-func (t *Transport) settleBound(b bucket) float64 {
-	d := t.cfg.maxPause
-	if d <= 0 {
-		d = DefaultMaxPause
-	}
-	slowest := math.Inf(1)
-	for _, lim := range b.Lims {
-		slowest = min(slowest, lim.Rate)
-	}
-	return slowest * d.Seconds()
 }
 
 // settleID returns an id that makes a settle count once, however often

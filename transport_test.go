@@ -422,14 +422,14 @@ func TestRefundKeepsLaterCallersPlaces(t *testing.T) {
 	ctx := context.Background()
 	b := oneLayer("quota:{k}", lim)
 	take := func(maxWait time.Duration) store.Grant {
-		g, err := l.store.Take(ctx, b, 1, maxWait)
+		g, err := l.store.Take(ctx, b, store.Tokens(1), maxWait)
 		if err != nil {
 			t.Fatal(err)
 		}
 		return g
 	}
 	refund := func(g store.Grant) {
-		if err := l.store.Refund(ctx, b, 1, g.Tats); err != nil {
+		if err := l.store.Refund(ctx, b, store.Tokens(1), g.Tats); err != nil {
 			t.Fatal(err)
 		}
 	}

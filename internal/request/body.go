@@ -23,13 +23,17 @@ const (
 // Hold makes resp's body call end once, when it is read to the end,
 // closed, fails or is garbage collected unclosed. A response without a
 // body calls end(Done) at once.
-func Hold(resp *http.Response, end func(End)) {
+func Hold(resp *http.Response, end func(End)) { Watch(resp, nil, end) }
+
+// Watch is Hold that also writes to seen, when not nil, the bytes of the
+// body as its reader reads them, before end is called.
+func Watch(resp *http.Response, seen io.Writer, end func(End)) {
 	if resp.Body == nil || resp.Body == http.NoBody {
 		end(Done)
 		return
 	}
 	e := &ender{end: end} // apart from the body, so that the cleanup can run
-	b := &body{ReadCloser: resp.Body, ender: e}
+	b := &body{ReadCloser: resp.Body, ender: e, seen: seen}
 	runtime.AddCleanup(b, func(e *ender) { e.call(Closed) }, e)
 	if w, ok := resp.Body.(io.Writer); ok {
 		// A 101 Switching Protocols body is also the connection's writer.
@@ -51,10 +55,14 @@ func (e *ender) call(how End) { e.once.Do(func() { e.end(how) }) }
 type body struct {
 	io.ReadCloser
 	*ender
+	seen io.Writer // nil, or what is told the bytes read
 }
 
 func (b *body) Read(p []byte) (int, error) {
 	n, err := b.ReadCloser.Read(p)
+	if n > 0 && b.seen != nil {
+		_, _ = b.seen.Write(p[:n])
+	}
 	switch {
 	case err == io.EOF:
 		b.call(Done)

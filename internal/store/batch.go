@@ -73,7 +73,7 @@ type flight struct {
 // queuedTake is one caller's take, queued behind a call in flight.
 type queuedTake struct {
 	ctx     context.Context
-	n       float64
+	n       Cost
 	maxWait time.Duration
 	state   takeState     // guarded by batches.mu
 	lead    []*queuedTake // the takes of the call it is to send, itself first
@@ -93,7 +93,7 @@ const (
 )
 
 // take is Store.Take with the sharing: see batches.
-func (bs *batches) take(s *Store, ctx context.Context, b Bucket, n float64, maxWait time.Duration) (Grant, error) {
+func (bs *batches) take(s *Store, ctx context.Context, b Bucket, n Cost, maxWait time.Duration) (Grant, error) {
 	key, q, alone, hold := bs.join(ctx, b, n, maxWait)
 	if q == nil {
 		g, err := s.takeOne(ctx, b, n, maxWait)
@@ -131,7 +131,7 @@ func (bs *batches) take(s *Store, ctx context.Context, b Bucket, n float64, maxW
 // with no queue it returns nil, and the caller sends its take at once and
 // must land it. A take of a bucket of the same key under other Limits goes
 // alone, beside the call in flight, and returns nil with alone set.
-func (bs *batches) join(ctx context.Context, b Bucket, n float64, maxWait time.Duration) (key string, q *queuedTake, alone bool, hold time.Duration) {
+func (bs *batches) join(ctx context.Context, b Bucket, n Cost, maxWait time.Duration) (key string, q *queuedTake, alone bool, hold time.Duration) {
 	key = b.Keys[0]
 	bs.mu.Lock()
 	defer bs.mu.Unlock()
@@ -381,9 +381,9 @@ func (q *queuedTake) acceptable() time.Duration {
 // their order, and sets each one's reply; it returns the call's error.
 func (s *Store) takeAll(ctx context.Context, b Bucket, takes []*queuedTake) error {
 	first := takes[0]
-	args := s.args(b, "take", s.argv.tokens(first.n), s.argv.micros(first.acceptable().Microseconds()), nil, 2*(len(takes)-1))
+	args := s.args(b, "take", s.argv.cost(first.n), s.argv.micros(first.acceptable().Microseconds()), nil, 2*(len(takes)-1))
 	for _, q := range takes[1:] {
-		args = append(args, s.argv.tokens(q.n), s.argv.micros(q.acceptable().Microseconds()))
+		args = append(args, s.argv.cost(q.n), s.argv.micros(q.acceptable().Microseconds()))
 	}
 	cmd, trips := s.script.Run(ctx, b.Call, args...)
 	err := cmd.Err()

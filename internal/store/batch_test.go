@@ -48,14 +48,14 @@ func TestBatchEqualsTakesOneAfterAnother(t *testing.T) {
 			alone := New("quota:", "alone-"+tc.name, tc.lims)
 			var qs []*queuedTake
 			for _, sp := range tc.takes {
-				qs = append(qs, &queuedTake{ctx: ctx, n: sp.n, maxWait: sp.maxWait})
+				qs = append(qs, &queuedTake{ctx: ctx, n: Tokens(sp.n), maxWait: sp.maxWait})
 			}
 			if err := s.takeAll(ctx, batch, qs); err != nil {
 				t.Fatal(err)
 			}
 			refused := 0
 			for i, sp := range tc.takes {
-				want, err := s.takeOne(ctx, alone, sp.n, sp.maxWait)
+				want, err := s.takeOne(ctx, alone, Tokens(sp.n), sp.maxWait)
 				if err != nil {
 					t.Fatal(err)
 				}

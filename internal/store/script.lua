@@ -12,6 +12,10 @@
 -- one key per layer, all in the bucket's hash slot, checked and taken
 -- together, all or nothing.
 --
+-- A bucket may also meter several things at once, one layer each: a
+-- request then takes its own amount from each, all or nothing, with the
+-- wait of the slowest.
+--
 -- The control record, a hash beside the layers, holds what changes how the
 -- bucket is taken, whoever set it:
 --   rate, burst   the operator's override of the first layer's Limit;
@@ -44,9 +48,14 @@
 --
 -- The layer operations:
 -- ARGV[2]     take, refund: n, the tokens to take or hand back (> 0);
+--             or, for a bucket whose layers meter different things
+--             (requests, input tokens, output tokens), one amount per
+--             layer separated by spaces, each >= 0 (see amounts);
 --             pause: how long, in microseconds, nothing may be granted;
---             lower: the tokens the provider says remain (>= 0);
---             adjust: tokens to take (> 0) or give back (< 0) at once.
+--             lower: the tokens the provider says remain (>= 0), or one
+--             number per layer, below zero for a layer it says nothing of;
+--             adjust: tokens to take (> 0) or give back (< 0) at once,
+--             one number or one per layer.
 -- ARGV[3]     take: the longest wait the caller accepts, in microseconds;
 --             pause: the channel that announces it, or "" for none;
 --             adjust: the settle's id, "" for none.
@@ -105,6 +114,26 @@
 local op = ARGV[1]
 local now = clock(ARGV[4]) -- the prelude's (internal/redisx)
 local k = #KEYS - 1
+
+-- amounts reads an amount of one per layer, v, as written for a bucket
+-- whose layers meter different things: k numbers separated by spaces,
+-- none below zero unless signed is set. (An amount for every layer is a
+-- plain number, which the callers read with tonumber first: the
+-- commonest case allocates nothing.)
+local function amounts(v, signed)
+  local t, i = {}, 0
+  for w in string.gmatch(v, '%S+') do
+    i = i + 1
+    t[i] = tonumber(w)
+    if not t[i] or t[i] < 0 and not signed then
+      return nil
+    end
+  end
+  if i ~= k then
+    return nil
+  end
+  return t
+end
 if op == 'adjust' then
   k = k - 1
 end
@@ -363,6 +392,13 @@ if op == 'take' then
       x = 3 * k + 2 * c + 1
     end
     local need = tonumber(ARGV[x])
+    local each -- one amount per layer, when need is none
+    if not need then
+      each = amounts(ARGV[x])
+      if not each then
+        return redis.error_reply('quota: a take of ' .. tostring(ARGV[x]) .. ' from ' .. k .. ' layers')
+      end
+    end
     local longest = -math.huge
     if paused and ends then
       longest = ends - now -- nothing falls due before the pause ends
@@ -372,8 +408,9 @@ if op == 'take' then
       if debt < 0 then
         debt = 0
       end
-      local wait = debt + need / rates[i] * 1000000 - fulls[i]
-      if wait > longest then
+      local n = need or each[i]
+      local wait = debt + n / rates[i] * 1000000 - fulls[i]
+      if wait > longest and n > 0 then -- a layer asked nothing is no bar
         longest = wait
       end
     end
@@ -398,7 +435,10 @@ if op == 'take' then
       end
       reply[o + 1], reply[o + 2], waited = 1, wait, waited or wait ~= 0
       for i = 1, k do
-        tats[i] = math.max(tats[i], at) + need / rates[i] * 1000000
+        local n = need or each[i]
+        if n > 0 then
+          tats[i] = math.max(tats[i], at) + n / rates[i] * 1000000
+        end
         reply[o + 2 + i] = math.floor(tats[i])
       end
     end
@@ -424,6 +464,22 @@ if op == 'take' then
 end
 
 local n = tonumber(ARGV[2])
+local each -- refund, adjust, lower: one amount per layer, when n is none
+if not n and (op == 'refund' or op == 'adjust' or op == 'lower') then
+  each = amounts(ARGV[2], op ~= 'refund')
+  if not each then
+    return redis.error_reply('quota: ' .. op .. ' of ' .. tostring(ARGV[2]) .. ' from ' .. k .. ' layers')
+  end
+end
+-- adjust: the tokens the provider says remain, as lower's ARGV[2], to
+-- apply after the adjust in the same call; absent for none.
+local lows
+if op == 'adjust' and ARGV[3 * k + 5] then
+  lows = amounts(ARGV[3 * k + 5], true)
+  if not lows then
+    return redis.error_reply('quota: a lower of ' .. tostring(ARGV[3 * k + 5]) .. ' from ' .. k .. ' layers')
+  end
+end
 if op == 'pause' then
   if pauseTo(now + n, 'provider') then
     expire()
@@ -454,7 +510,10 @@ for i = 1, k do
   local tat = r[i + 2]
   local rate = rates[i]
   local v = tat -- the layer's new tat
-  if op == 'refund' then
+  local n = n or (each and each[i])
+  if (op == 'refund' or op == 'adjust') and n == 0 or op == 'lower' and n < 0 then
+    -- nothing to hand back or take from this layer, or no news of it
+  elseif op == 'refund' then
     -- Hand back only the part of the take that no later take is queued
     -- behind; the rest of the schedule is already promised to others. A
     -- layer that was reset since the take (tat behind it) gets nothing.
@@ -475,6 +534,14 @@ for i = 1, k do
     end
   elseif op ~= 'probe' then
     return redis.error_reply('quota: unknown operation ' .. tostring(op))
+  end
+  if lows and lows[i] >= 0 then
+    -- The adjust's lower: the layer holds at most what the provider says
+    -- remains, after the adjust.
+    local burst = fulls[i] * rate / 1000000
+    if lows[i] < burst then
+      v = math.max(v, origin() + (burst - lows[i]) / rate * 1000000)
+    end
   end
   -- A probe writes even what does not change. (Redis formats a number
   -- argument with 17 digits, all a double has.)

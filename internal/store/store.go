@@ -45,10 +45,11 @@ type Pause struct{ Since, Shifted int64 }
 // A Bucket is one bucket's layers: its name, and the Redis key and Limit
 // of each layer, the first layer under the bucket's own key.
 type Bucket struct {
-	Name string
-	Keys []string // the layers'
-	Lims []Limit
-	Call []string // the script's KEYS: the layers' keys, then the control record's
+	Name   string
+	Keys   []string // the layers'
+	Lims   []Limit
+	Meters []string // what each layer meters, when each meters its own; nil when all share the cost
+	Call   []string // the script's KEYS: the layers' keys, then the control record's
 }
 
 // ControlSuffix follows a bucket's key in the key of its control record.
@@ -74,8 +75,10 @@ func Key(prefix, name string) string {
 }
 
 // New returns the bucket named name under prefix with layers lims, which
-// are at least one and valid.
-func New(prefix, name string, lims []Limit) Bucket {
+// are at least one and valid. With meters (one per layer, distinct and
+// valid, see CheckMeter), each layer meters a thing of its own: its key
+// names it.
+func New(prefix, name string, lims []Limit, meters ...string) Bucket {
 	key := Key(prefix, name)
 	b := Bucket{Name: name}
 	if len(lims) == 1 {
@@ -91,21 +94,45 @@ func New(prefix, name string, lims []Limit) Bucket {
 	b.Keys = b.Call[:len(lims):len(lims)]
 	b.Call[len(lims)] = key + ControlSuffix
 	copy(b.Lims, lims)
+	if len(meters) > 0 {
+		b.Meters = meters
+	}
 	for i, lim := range b.Lims {
 		b.Keys[i] = key
 		if i > 0 {
 			// Further layers live beside the first, in its hash slot, under
-			// a key that names their Limit.
+			// a key that names their Limit, and what they meter.
 			b.Keys[i] = key + ":" + redisx.Num(lim.Rate) + "/" + redisx.Num(lim.Burst)
+			if b.Meters != nil {
+				b.Keys[i] = key + ":" + b.Meters[i] + ":" + redisx.Num(lim.Rate) + "/" + redisx.Num(lim.Burst)
+			}
 		}
 	}
 	return b
 }
 
+// MaxMeterLen bounds the name of a meter.
+const MaxMeterLen = 64
+
+// CheckMeter reports why name cannot name a meter, or nil: a meter's name
+// is 1 to MaxMeterLen letters, digits, '_', '-' and '.', which keep its
+// layer's key readable and apart from the others'.
+func CheckMeter(name string) error {
+	if name == "" || len(name) > MaxMeterLen {
+		return fmt.Errorf("a meter's name has 1 to %d bytes, not %d", MaxMeterLen, len(name))
+	}
+	for _, c := range []byte(name) {
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '_' || c == '-' || c == '.') {
+			return fmt.Errorf("meter %q: a meter's name has letters, digits, '_', '-' and '.' only", name)
+		}
+	}
+	return nil
+}
+
 // Same reports whether b and o are the same bucket: the same keys under
 // the same Limits.
 func (b Bucket) Same(o Bucket) bool {
-	return slices.Equal(b.Keys, o.Keys) && slices.Equal(b.Lims, o.Lims)
+	return slices.Equal(b.Keys, o.Keys) && slices.Equal(b.Lims, o.Lims) && slices.Equal(b.Meters, o.Meters)
 }
 
 // A Store runs the operations of the bucket script on Redis, one typed
@@ -167,13 +194,32 @@ func (g Grant) TakenAt(b Bucket) int64 {
 	return due - g.Wait.Microseconds()
 }
 
+// A Cost is what an operation asks of each layer of a bucket: N of every
+// layer or, when Each is set, Each[i] of layer i (a bucket whose layers
+// meter different things: requests, input tokens, output tokens).
+type Cost struct {
+	N    float64
+	Each []float64 // nil, or one per layer
+}
+
+// Tokens returns the Cost of n of every layer.
+func Tokens(n float64) Cost { return Cost{N: n} }
+
+// Of returns what c asks of layer i.
+func (c Cost) Of(i int) float64 {
+	if c.Each != nil {
+		return c.Each[i]
+	}
+	return c.N
+}
+
 // Take takes n tokens from every layer of b when the wait for them is at
 // most maxWait. A take of a bucket that has no take in flight in this
 // store is sent at once; one that finds a take in flight joins the next
 // call, shared with every take that queued meanwhile (see batches). The
 // grant tells the round trips and the size of its call, also with an
 // error.
-func (s *Store) Take(ctx context.Context, b Bucket, n float64, maxWait time.Duration) (Grant, error) {
+func (s *Store) Take(ctx context.Context, b Bucket, n Cost, maxWait time.Duration) (Grant, error) {
 	if s.batches == nil {
 		g, err := s.takeOne(ctx, b, n, maxWait)
 		g.Size = 0
@@ -182,9 +228,9 @@ func (s *Store) Take(ctx context.Context, b Bucket, n float64, maxWait time.Dura
 	return s.batches.take(s, ctx, b, n, maxWait)
 }
 
-// takeOne takes n tokens from every layer of b in a call of its own.
-func (s *Store) takeOne(ctx context.Context, b Bucket, n float64, maxWait time.Duration) (Grant, error) {
-	cmd, trips := s.run(ctx, b, "take", s.argv.tokens(n), s.argv.micros(maxWait.Microseconds()), nil)
+// takeOne takes n from the layers of b in a call of its own.
+func (s *Store) takeOne(ctx context.Context, b Bucket, n Cost, maxWait time.Duration) (Grant, error) {
+	cmd, trips := s.run(ctx, b, "take", s.argv.cost(n), s.argv.micros(maxWait.Microseconds()), nil)
 	if err := cmd.Err(); err != nil {
 		return Grant{Trips: trips, Size: 1}, err
 	}
@@ -203,8 +249,8 @@ func (s *Store) takeOne(ctx context.Context, b Bucket, n float64, maxWait time.D
 // TakeCall returns the script's KEYS and ARGV of a take of n tokens from
 // every layer of b with a longest wait of maxWait, for a script that runs
 // this one's (internal/slots), and whose reply Decode reads.
-func (s *Store) TakeCall(b Bucket, n float64, maxWait time.Duration) (keys []string, args []any) {
-	return b.Call, s.args(b, "take", s.argv.tokens(n), s.argv.micros(maxWait.Microseconds()), nil, 0)
+func (s *Store) TakeCall(b Bucket, n Cost, maxWait time.Duration) (keys []string, args []any) {
+	return b.Call, s.args(b, "take", s.argv.cost(n), s.argv.micros(maxWait.Microseconds()), nil, 0)
 }
 
 // Source returns the bucket script's source, without the prelude.
@@ -228,9 +274,9 @@ func Decode(b Bucket, v []int64) (Grant, error) {
 	}, nil
 }
 
-// Refund hands back n tokens of a take identified by its tats.
-func (s *Store) Refund(ctx context.Context, b Bucket, n float64, tats []int64) error {
-	return s.do(ctx, b, "refund", s.argv.tokens(n), 0, tats)
+// Refund hands back n of a take identified by its tats.
+func (s *Store) Refund(ctx context.Context, b Bucket, n Cost, tats []int64) error {
+	return s.do(ctx, b, "refund", s.argv.cost(n), 0, tats)
 }
 
 // Probe rewrites b as it is, to learn whether the server accepts writes.
@@ -255,13 +301,41 @@ func (s *Store) Lower(ctx context.Context, b Bucket, remaining float64) error {
 	return nil // no layer holds more than that
 }
 
-// Adjust takes n more tokens from b at once, or gives -n back. A non-empty
-// id makes it count once however often it is sent (a client's retry after
-// a lost reply): the script remembers the ids of the last minute.
-func (s *Store) Adjust(ctx context.Context, b Bucket, n float64, id string) error {
+// LowerEach leaves layer i of b at most remaining[i] tokens, never raising
+// it; a remaining below zero leaves its layer as it is.
+func (s *Store) LowerEach(ctx context.Context, b Bucket, remaining []float64) error {
+	for i, lim := range b.Lims {
+		if remaining[i] >= 0 && remaining[i] < lim.Burst {
+			return s.do(ctx, b, "lower", s.argv.cost(Cost{Each: remaining}), 0, nil)
+		}
+	}
+	return nil // no layer holds more than that
+}
+
+// Adjust takes n more tokens from b's layers at once, or gives back what
+// is below zero. A non-empty id makes it count once however often it is
+// sent (a client's retry after a lost reply): the script remembers the ids
+// of the last minute.
+func (s *Store) Adjust(ctx context.Context, b Bucket, n Cost, id string) error {
+	return s.AdjustLower(ctx, b, n, nil, id)
+}
+
+// AdjustLower is Adjust that then, in the same call, leaves layer i at
+// most remaining[i] tokens, as LowerEach does; nil remaining lowers
+// nothing.
+func (s *Store) AdjustLower(ctx context.Context, b Bucket, n Cost, remaining []float64, id string) error {
 	withIDs := b
 	withIDs.Call = append(slices.Clip(b.Call), b.Keys[0]+SettledSuffix)
-	return s.do(ctx, withIDs, "adjust", redisx.Num(n), id, nil)
+	args := s.args(withIDs, "adjust", s.argv.cost(n), id, nil, 1)
+	if remaining != nil {
+		args = append(args, s.argv.cost(Cost{Each: remaining}))
+	}
+	cmd, _ := s.script.Run(ctx, withIDs.Call, args...)
+	if err := cmd.Err(); err != nil {
+		return err
+	}
+	_, err := s.decode(cmd, withIDs)
+	return err
 }
 
 // SettledSuffix follows a bucket's key in the key of its settles' ids.
@@ -345,6 +419,21 @@ func (c *argvCache) tokens(n float64) any {
 		return c.one
 	}
 	return redisx.Num(n)
+}
+
+// cost returns n as the script reads it: one number, or one per layer.
+func (c *argvCache) cost(n Cost) any {
+	if n.Each == nil {
+		return c.tokens(n.N)
+	}
+	b := make([]byte, 0, 8*len(n.Each))
+	for i, x := range n.Each {
+		if i > 0 {
+			b = append(b, ' ')
+		}
+		b = append(b, redisx.Num(x)...)
+	}
+	return string(b)
 }
 
 func (c *argvCache) micros(us int64) any {
