@@ -11,7 +11,9 @@ import (
 
 // MeterRequests is the name of a metered Transport's first Meter: one a
 // request (or WithCost's), refilled at the Limit the Transport is given
-// (or WithLimits'). Its bucket's override (SetLimit) and pause apply to it.
+// (or WithLimits'), whose zero Burst is one minute of its Rate, as the
+// LLM APIs' requests a minute hold. Its bucket's override (SetLimit) and
+// pause apply to it.
 const MeterRequests = "requests"
 
 // A Metering tells a Transport how to meter an API whose requests count
@@ -89,7 +91,7 @@ func (t *Transport) meterAsk(req *http.Request, o ask) (ask, *http.Request, erro
 		return o, nil, fmt.Errorf("%w: estimating %s %s: %w", ErrInvalidTokens, req.Method, req.URL.Redacted(), err)
 	}
 	meters := make([]Meter, 0, 1+len(m.Meters))
-	meters = append(meters, Meter{Name: MeterRequests, Limit: o.lims[0]})
+	meters = append(meters, Meter{Name: MeterRequests, Limit: minuteBurst(o.lims[0])})
 	meters = append(meters, m.Meters...)
 	if use == nil {
 		use = Usage{}
