@@ -171,7 +171,7 @@ func (l *Limiter) granted(ctx context.Context, span *waitSpan, b bucket, o ask, 
 			span.wait = g.Wait
 			return true, nil
 		}
-		moved, err := l.sleepOn(ctx, b, g)
+		moved, err := l.sleepOn(ctx, b, g, o.cost())
 		if err != nil {
 			tats := g.Tats
 			if moved != 0 && tats != nil {

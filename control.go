@@ -5,6 +5,7 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"time"
 
@@ -134,20 +135,23 @@ func (l *Limiter) awaitPause(ctx context.Context, span *waitSpan, b bucket, o *a
 	}
 }
 
-// sleepOn waits for a grant of bucket b that falls due after g.Wait, and
-// later by as much as a pause or a change of the Limit in force, recorded
-// since the take, moved the queue it was granted in. When ctx ends first,
+// sleepOn waits for a grant of bucket b, a take of n, that falls due after
+// g.Wait, later by as much as a pause or a change of the Limit in force,
+// recorded since the take, moved the queue it was granted in, and sooner
+// by as much as give-backs moved it (see backOff). When ctx ends first,
 // or a pause moves the grant past ctx's deadline, it returns how far the
 // grant had been moved with the error, for the refund.
-func (l *Limiter) sleepOn(ctx context.Context, b bucket, g store.Grant) (time.Duration, error) {
+func (l *Limiter) sleepOn(ctx context.Context, b bucket, g store.Grant, n store.Cost) (time.Duration, error) {
 	if g.Wait <= 0 {
 		return 0, nil
 	}
-	due := time.Now().Add(g.Wait)
+	replied := time.Now()
+	due := replied.Add(g.Wait)
 	if b.ctl == nil {
 		return 0, sleep(ctx, g.Wait)
 	}
 	takenAt := g.TakenAt(b.Bucket)
+	sooner := l.backOff(b, g, n, replied)
 	// A sleep long enough for a read of the record to matter, or one that
 	// a pause holds, registers: the Limiter reads the record every
 	// control.WaitRefresh meanwhile. A shorter one learns of a change from its
@@ -162,7 +166,7 @@ func (l *Limiter) sleepOn(ctx context.Context, b bucket, g store.Grant) (time.Du
 	// when returns when the grant falls due under st, false while a pause
 	// with no end holds it.
 	when := func(st *control.State) (time.Time, bool) {
-		at, ends := st.Hold(due, takenAt, control.Pause(g.Pause))
+		at, ends := st.Hold(sooner(st, due), takenAt, control.Pause(g.Pause))
 		if !ends {
 			return at, false
 		}
@@ -197,10 +201,70 @@ func (l *Limiter) sleepOn(ctx context.Context, b bucket, g store.Grant) (time.Du
 			t.Stop()
 		case <-ctx.Done():
 			if at, ends := when(b.ctl.Load()); ends {
-				return at.Sub(due), ctx.Err()
+				// What a pause moved the grant by; not what give-backs
+				// moved it sooner, which the refund's layers need not share.
+				return max(at.Sub(due), 0), ctx.Err()
 			}
 			return 0, ctx.Err()
 		}
+	}
+}
+
+// backOff returns what moves the due time of grant g, a take of n from b
+// whose reply came at replied, by what give-backs (settles) have moved
+// its layers' queues since: each layer the take asked of falls due that
+// much sooner, and the grant when the last of them does. The give-backs
+// count from those the take's reply found (g.Back), which the queue it
+// joined held already; without them, from the first read of the record
+// sent after the reply, never from one before.
+func (l *Limiter) backOff(b bucket, g store.Grant, n store.Cost, replied time.Time) func(*control.State, time.Time) time.Time {
+	if len(g.Tats) != len(b.Keys) {
+		return func(_ *control.State, due time.Time) time.Time { return due }
+	}
+	k := len(b.Keys)
+	suffixes := make([]string, k)
+	lags := make([]time.Duration, k) // how long before the grant layer i falls due
+	last := int64(math.MinInt64)
+	for i, lim := range b.Lims {
+		suffixes[i] = b.Keys[i][len(b.Keys[0]):]
+		last = max(last, g.Tats[i]-int64(lim.Burst/lim.Rate*1e6))
+	}
+	for i, lim := range b.Lims {
+		lags[i] = time.Duration(last-(g.Tats[i]-int64(lim.Burst/lim.Rate*1e6))) * time.Microsecond
+	}
+	var base []int64 // the give-backs the take found
+	if len(g.Back) == k {
+		base = g.Back
+	}
+	return func(st *control.State, due time.Time) time.Time {
+		if base == nil && st.ReadAt().Before(replied) {
+			return due
+		}
+		if base == nil {
+			base = make([]int64, k)
+			for i := range base {
+				base[i], _ = b.ctl.Back(st, suffixes[i])
+			}
+			return due
+		}
+		moved := time.Time{}
+		for i := range k {
+			if n.Of(i) <= 0 {
+				continue // a layer asked nothing holds nothing back
+			}
+			back, ok := b.ctl.Back(st, suffixes[i])
+			shift := time.Duration(0)
+			if ok && back > base[i] {
+				shift = time.Duration(back-base[i]) * time.Microsecond
+			}
+			if at := due.Add(-lags[i] - shift); at.After(moved) {
+				moved = at
+			}
+		}
+		if moved.IsZero() || moved.After(due) {
+			return due
+		}
+		return moved
 	}
 }
 

@@ -250,11 +250,11 @@ func (f fakeScripts) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 		}
 		// A take granted after a microsecond's wait, or a record that
 		// holds nothing.
-		c.SetVal([]any{int64(1), int64(1), int64(1), int64(0), int64(0)})
+		c.SetVal([]any{int64(1), int64(1), int64(1), int64(0), int64(0), int64(0)})
 		if args := c.Args(); len(args) > 3 {
 			if numkeys, err := strconv.Atoi(fmt.Sprint(args[2])); err == nil && len(args) > 3+numkeys && fmt.Sprint(args[3+numkeys]) == "read" {
-				c.SetVal(make([]any, 13))
-				for i := range 13 {
+				c.SetVal(make([]any, 14))
+				for i := range 14 {
 					c.Val().([]any)[i] = ""
 				}
 			}

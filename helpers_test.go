@@ -333,7 +333,7 @@ func takeDues(cmd redis.Cmder, sent time.Time) []takeGrant {
 		return out
 	case []any:
 		stride := 2 + k
-		if len(v) != stride*callers+2 { // and the pause the takes found
+		if len(v) != stride*callers+2+k { // and the pause the takes found, and the give-backs
 			return nil
 		}
 		for j := range out {
@@ -392,7 +392,7 @@ func takeReplies(cmd *redis.Cmd) []any {
 		return out
 	case []any:
 		stride := 2 + k
-		if len(v) != stride*callers+2 { // and the pause the takes found
+		if len(v) != stride*callers+2+k { // and the pause the takes found, and the give-backs
 			return nil
 		}
 		for i := range out {

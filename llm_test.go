@@ -164,10 +164,11 @@ type llmRun struct {
 // tokens a second, the output binding; OpenAI: 100 requests and 20,000
 // tokens (input and max_tokens, at admission) a second. Every request
 // asks for 1,000 output tokens and uses 10 to 60% of them; the provider
-// takes 100 ms to answer. The steady window leaves out the first 4.5 s
+// takes 100 ms to answer. The steady window leaves out the first 2.5 s
 // and the last 0.3 s: the 32 first reservations queue at their whole
-// max_tokens, 4 s of output at the fleet's rate, before any settle gives
-// back (see docs/llm.md).
+// max_tokens, 4 s of output at the fleet's rate, and the callers asleep
+// in that queue learn of the settles that move it from their Limiters'
+// reads of the record, every 0.5 s (see docs/llm.md).
 func llmFleet(t *testing.T, srv *redistest.Server, r *llmRun) {
 	t.Helper()
 	p := &llmfake.Server{Latency: 100 * time.Millisecond}
@@ -200,7 +201,7 @@ func llmFleet(t *testing.T, srv *redistest.Server, r *llmRun) {
 		Stream: r.stream, MaxTokens: 1000, NoSettle: r.noSettle, OwnPrefix: r.ownLimit}
 	w := startWorkers(t, 4, spec)
 	reps := w.wait(t)
-	from, to := w.start.Add(4500*time.Millisecond), w.start.Add(r.run-300*time.Millisecond)
+	from, to := w.start.Add(2500*time.Millisecond), w.start.Add(r.run-300*time.Millisecond)
 	var used, limit float64
 	for _, rec := range p.Records() {
 		if rec.At.Before(from) || !rec.At.Before(to) {
@@ -269,7 +270,7 @@ func TestLLMFleet(t *testing.T) {
 	}
 	var wg sync.WaitGroup
 	for _, r := range fleets {
-		r.run = 10 * time.Second
+		r.run = 8 * time.Second
 		wg.Go(func() { llmFleet(t, srv, r) })
 	}
 	wg.Wait()

@@ -3,6 +3,7 @@ package quota
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -126,5 +127,47 @@ func TestReserveRefusesWhatCannotBe(t *testing.T) {
 	}
 	if n := cmds.total(); n != 0 {
 		t.Errorf("invalid reservations made %d calls to Redis (%v)", n, cmds)
+	}
+}
+
+// TestGiveBackWakesSleepers: a settle that gives tokens back moves the
+// queue behind it, and a caller asleep in it, in another Limiter, wakes
+// that much sooner: B queues 1 s behind A's reservation of a whole burst,
+// and A's settle, 100 ms in, gives it all back. B learns of it from its
+// Limiter's next read of the record (every control.WaitRefresh, 0.5 s)
+// and goes then, where without the settle it waits its whole second.
+func TestGiveBackWakesSleepers(t *testing.T) {
+	srv := redistest.Start(t)
+	meters := []Meter{
+		{Name: "requests", Limit: Limit{Rate: 100, Burst: 100}},
+		{Name: "output_tokens", Limit: Limit{Rate: 1000, Burst: 1000}},
+	}
+	use := Usage{"requests": 1, "output_tokens": 1000}
+	ctx := context.Background()
+	for _, settle := range []bool{true, false} {
+		name := fmt.Sprintf("give-back-%v", settle)
+		a, b := NewLimiter(srv.Client(t)), NewLimiter(srv.Client(t))
+		r, err := a.Reserve(ctx, name, meters, use)
+		if err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		if settle {
+			time.AfterFunc(100*time.Millisecond, func() { r.Settle(Usage{"output_tokens": 0}) })
+		}
+		if _, err := b.Reserve(ctx, name, meters, use); err != nil {
+			t.Fatal(err)
+		}
+		waited := time.Since(start)
+		t.Logf("settle %v: B waited %v", settle, waited.Round(time.Millisecond))
+		switch {
+		case settle && waited > 800*time.Millisecond:
+			t.Errorf("B waited %v though A gave its whole reservation back 100 ms in, want at most 0.8s", waited)
+		case !settle && waited < 900*time.Millisecond:
+			t.Errorf("control, no settle: B waited %v, want its whole second: the test measures nothing", waited)
+		}
+		if err := a.Flush(ctx); err != nil {
+			t.Fatal(err)
+		}
 	}
 }

@@ -514,7 +514,7 @@ func TestPauseBeforeListening(t *testing.T) {
 	if err := b.store.Pause(ctx, bk.Bucket, pause); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := a.sleepOn(ctx, bk, g); err != nil {
+	if _, err := a.sleepOn(ctx, bk, g, store.Tokens(1)); err != nil {
 		t.Fatal(err)
 	}
 	slept := time.Since(taken)

@@ -83,8 +83,35 @@ type State struct {
 	prev      float64
 	during    Pause
 
+	// back is how far give-backs have moved each layer's queue so far, µs,
+	// the first layer's and then the further layers' of the entry.
+	back []int64
+
 	readAt   time.Time // when the read that made it was sent; zero: never read
 	replaced chan struct{}
+}
+
+// Back returns how far give-backs had moved the queue of the layer whose
+// key is the bucket's first key and suffix when st was read, µs, and
+// whether st says.
+func (e *Entry) Back(st *State, suffix string) (int64, bool) {
+	if suffix == "" {
+		if len(st.back) > 0 {
+			return st.back[0], true
+		}
+		return 0, false
+	}
+	i := 1
+	for s := range strings.FieldsSeq(e.layers) {
+		if s == suffix {
+			if i < len(st.back) {
+				return st.back[i], true
+			}
+			return 0, false
+		}
+		i++
+	}
+	return 0, false
 }
 
 // PausedAt tells whether the pause is in force at t, and when it ends.
@@ -473,6 +500,9 @@ type Record struct {
 	pivot        int64  // µs, whence the change rescaled the queue
 	prev         float64
 	during       Pause // the pause in force at the change
+	// Back is how far give-backs have moved each layer's queue so far, µs:
+	// the first layer's, then the further layers' in the order read.
+	Back []int64
 }
 
 // Parse reads the reply of a record op. A Limit in it must have a finite
@@ -482,7 +512,7 @@ func Parse(cmd *redis.Cmd) (Record, error) {
 	if err != nil {
 		return Record{}, err
 	}
-	if len(vals) != 13 {
+	if len(vals) != 14 {
 		return Record{}, fmt.Errorf("%w: a control reply of %d fields", redisx.ErrReply, len(vals))
 	}
 	var r Record
@@ -535,6 +565,9 @@ func Parse(cmd *redis.Cmd) (Record, error) {
 	if since, shifted, ok := strings.Cut(vals[12], " "); ok {
 		r.during = Pause{Since: integer(since), Shifted: integer(shifted)}
 	}
+	for b := range strings.FieldsSeq(vals[13]) {
+		r.Back = append(r.Back, integer(b))
+	}
 	if err := errors.Join(errs...); err != nil {
 		return Record{}, fmt.Errorf("%w: an unreadable control record: %w", redisx.ErrReply, err)
 	}
@@ -544,7 +577,7 @@ func Parse(cmd *redis.Cmd) (Record, error) {
 // state turns the record into a Limiter's state, its times moved to the
 // local clock as of sent, when the read was sent.
 func (r Record) state(sent time.Time) *State {
-	st := &State{replaced: make(chan struct{}), readAt: sent, source: r.Source}
+	st := &State{replaced: make(chan struct{}), readAt: sent, source: r.Source, back: r.Back}
 	if r.Override != nil {
 		st.override, st.hasOverride = *r.Override, true
 	}

@@ -390,13 +390,16 @@ func (s *Store) takeAll(ctx context.Context, b Bucket, takes []*queuedTake) erro
 	var v []int64 // nil: every take granted without a wait
 	stride := 2 + len(b.Keys)
 	if z, ok := cmd.Val().(int64); err == nil && !(ok && z == 0) {
-		if v, err = cmd.Int64Slice(); err != nil || len(v) != stride*len(takes)+2 {
+		if v, err = cmd.Int64Slice(); err != nil || len(v) != stride*len(takes)+2+len(b.Keys) {
 			err = fmt.Errorf("%w: %v", redisx.ErrReply, cmd.Val())
 		}
 	}
 	var p Pause
+	var back []int64
 	if err == nil && v != nil {
-		p = Pause{Since: v[len(v)-2], Shifted: v[len(v)-1]}
+		k := len(b.Keys)
+		p = Pause{Since: v[len(v)-2-k], Shifted: v[len(v)-1-k]}
+		back = v[len(v)-k:]
 	}
 	for i, q := range takes {
 		q.err = err
@@ -405,7 +408,7 @@ func (s *Store) takeAll(ctx context.Context, b Bucket, takes []*queuedTake) erro
 			continue
 		}
 		r := v[i*stride : (i+1)*stride : (i+1)*stride]
-		q.g.Granted, q.g.Wait, q.g.Pause = r[0] == 1, time.Duration(r[1])*time.Microsecond, p
+		q.g.Granted, q.g.Wait, q.g.Pause, q.g.Back = r[0] == 1, time.Duration(r[1])*time.Microsecond, p, back
 		if r[0] == 0 || r[1] != 0 {
 			q.g.Tats = r[2:]
 		}

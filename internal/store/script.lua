@@ -92,10 +92,13 @@
 --           granted without a wait. A reply other than 0 ends with two
 --           more integers, the pause the takes found in force: when it
 --           began and how far it had moved the queues by then (us), or 0
---           and 0.
+--           and 0; then k more, the layers' give-backs so far (see
+--           backField).
 --   other layer operations: {1, 0, tats} after the operation;
 --   record operations: {now, rate, burst, since, until, seen, users, tat,
---           changed, src, pivot, prev, during}, strings, "" for what is absent; users
+--           changed, src, pivot, prev, during, back}, strings, "" for what
+--           is absent, back the layers' give-backs so far (see backField),
+--           "<b_1> ... <b_k>"; users
 --           and tat (the first layer's, as it stands before a pause moved
 --           it) for status only.
 --
@@ -139,6 +142,16 @@ if op == 'adjust' then
 end
 local ctl = KEYS[k + 1]
 local record = op == 'read' or op == 'status' or op == 'limit' or op == 'clear' or op == 'hold' or op == 'resume'
+
+-- backField names the field of the record that counts, in microseconds,
+-- how far give-backs (adjust) have moved layer i's queue back: a caller
+-- asleep on a grant of the layer that reads it grow may wake that much
+-- sooner. The first layer's is "b:", a further layer's "b:" and its key's
+-- suffix.
+local function backField(i)
+  return 'b:' .. string.sub(KEYS[i], #KEYS[1] + 1)
+end
+local moved = false
 
 -- The pause and the override, as every operation needs them.
 local f = redis.call('HMGET', ctl, 'since', 'until', 'shifted', 'rate', 'burst', 'seen')
@@ -370,8 +383,12 @@ if record then
   end
   local g = redis.call('HMGET', ctl, 'rate', 'burst', 'since', 'until', 'seen', 'changed', 'src', 'pivot', 'prev',
     'during')
+  local back = {}
+  for i = 1, k do
+    back[i] = redis.call('HGET', ctl, backField(i)) or '0'
+  end
   return {string.format('%d', now), g[1] or '', g[2] or '', g[3] or '', g[4] or '', g[5] or '', users or '', tat or '',
-    g[6] or '', g[7] or '', g[8] or '', g[9] or '', g[10] or ''}
+    g[6] or '', g[7] or '', g[8] or '', g[9] or '', g[10] or '', table.concat(back, ' ')}
 end
 
 -- The script runs on every request, on Redis's one thread, so the takes
@@ -457,6 +474,9 @@ if op == 'take' then
     else
       reply[#reply + 1] = 0
       reply[#reply + 1] = 0
+    end
+    for i = 1, k do
+      reply[#reply + 1] = tonumber(redis.call('HGET', ctl, backField(i))) or 0
     end
     return reply
   end
@@ -548,6 +568,15 @@ for i = 1, k do
   if v ~= tat or op == 'probe' then
     write(i, v)
   end
+  if op == 'adjust' and v < tat then
+    -- A give-back moves the layer's queue: the callers asleep in it may
+    -- go that much sooner (see back).
+    redis.call('HINCRBY', ctl, backField(i), math.floor(tat - v))
+    moved = true
+  end
   r[i + 2] = math.floor(v)
+end
+if moved then
+  expire()
 end
 return r

@@ -179,6 +179,7 @@ type Grant struct {
 	Wait    time.Duration // until the tokens have accrued, or would have
 	Tats    []int64       // µs, a layer each; identify the take for its refund (nil without a wait)
 	Pause   Pause         // the pause in force when the take ran (zero without a wait)
+	Back    []int64       // the layers' give-backs when the take ran, µs (see script.lua); nil without a wait
 	Trips   int           // the Redis round trips of its call
 	Size    int           // the takes its call served, when takes share calls; 0 otherwise or when none was sent
 }
@@ -263,7 +264,7 @@ func Decode(b Bucket, v []int64) (Grant, error) {
 		return Grant{Granted: true}, nil
 	}
 	k := len(b.Keys)
-	if len(v) != 2+k+2 {
+	if len(v) != 2+k+2+k {
 		return Grant{}, fmt.Errorf("%w: %v", redisx.ErrReply, v)
 	}
 	return Grant{
@@ -271,6 +272,7 @@ func Decode(b Bucket, v []int64) (Grant, error) {
 		Wait:    time.Duration(v[1]) * time.Microsecond,
 		Tats:    v[2 : 2+k : 2+k],
 		Pause:   Pause{Since: v[2+k], Shifted: v[3+k]},
+		Back:    v[4+k:],
 	}, nil
 }
 
