@@ -686,6 +686,9 @@ type workerSpec struct {
 	Stream    bool // ask for answers as event streams
 	MaxTokens int  // each request's max_tokens
 	NoSettle  bool // the profile without its Usage: reservations never settle
+	// ReserveOutput, when above zero, is what a request reserves of the
+	// output meter in place of its max_tokens: a quantile of the usage.
+	ReserveOutput float64
 	// OwnPrefix gives each worker a prefix of its own: per-process
 	// limiters, which share nothing.
 	OwnPrefix bool
@@ -776,6 +779,16 @@ func (spec workerSpec) transportOptions() []TransportOption {
 		}
 		if spec.NoSettle {
 			m.Usage = nil
+		}
+		if spec.ReserveOutput > 0 {
+			estimate := m.Estimate
+			m.Estimate = func(req *http.Request, body []byte) (Usage, error) {
+				u, err := estimate(req, body)
+				if n, ok := u[MeterOutputTokens]; ok {
+					u[MeterOutputTokens] = min(n, spec.ReserveOutput)
+				}
+				return u, err
+			}
 		}
 		opts = append(opts, WithMetering(m))
 	}

@@ -192,14 +192,22 @@ func (l *Limiter) AllowN(ctx context.Context, name string, n float64, lim Limit,
 }
 
 // announced hands on an announcement on the prefix's control channel: a
-// bucket's key, whose control record changed, or "s <id>[=<grant>]...",
-// a newline and a bucket's key: the concurrency slots of that bucket
-// handed to those waiters, with the grants of their tokens. A Limiter
+// bucket's key, whose control record changed; "s <id>[=<grant>]...", a
+// newline and a bucket's key: the concurrency slots of that bucket handed
+// to those waiters, with the grants of their tokens; or "b" and each
+// layer's "<suffix>=<µs>", a newline and a bucket's key: how far settles
+// have moved its layers' queues back (see Controls.GaveBack). A Limiter
 // listens on that one channel while it is in use (see redisx.Listener).
 func (l *Limiter) announced(payload string) {
 	if rest, ok := strings.CutPrefix(payload, "s "); ok {
 		if ids, key, ok := strings.Cut(rest, "\n"); ok {
 			l.slots.Handed(key, strings.Fields(ids))
+		}
+		return
+	}
+	if rest, ok := strings.CutPrefix(payload, "b "); ok {
+		if backs, key, ok := strings.Cut(rest, "\n"); ok {
+			l.controls.GaveBack(key, backs)
 		}
 		return
 	}

@@ -330,6 +330,29 @@ func minuteBurst(lim Limit) Limit {
 	return lim
 }
 
+// policies reads the IETF RateLimit-Policy field: the quota of each
+// policy it names, as a rate a second (`"output_tokens";q=8000;w=60` is
+// 133.3/s), for the policies with both a quota and a window.
+func policies(h http.Header) map[string]float64 {
+	var out map[string]float64
+	for _, field := range h.Values("RateLimit-Policy") {
+		for _, item := range strings.Split(field, ",") {
+			policy, _, _ := strings.Cut(strings.TrimSpace(item), ";")
+			policy = strings.Trim(policy, `"`)
+			params := parseParams(item)
+			q, w := params["q"], params["w"]
+			if policy == "" || !(q >= 0) || !(w > 0) {
+				continue
+			}
+			if out == nil {
+				out = map[string]float64{}
+			}
+			out[policy] = q / w
+		}
+	}
+	return out
+}
+
 // remaining reads the headers named in meters, each the count left of a
 // Meter, and the IETF RateLimit field's items whose policy names a Meter
 // (`"output_tokens";r=500;t=30`).

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/sharedquota/quota/internal/redistest"
 )
 
@@ -133,9 +134,10 @@ func TestReserveRefusesWhatCannotBe(t *testing.T) {
 // TestGiveBackWakesSleepers: a settle that gives tokens back moves the
 // queue behind it, and a caller asleep in it, in another Limiter, wakes
 // that much sooner: B queues 1 s behind A's reservation of a whole burst,
-// and A's settle, 100 ms in, gives it all back. B learns of it from its
-// Limiter's next read of the record (every control.WaitRefresh, 0.5 s)
-// and goes then, where without the settle it waits its whole second.
+// and A's settle, 100 ms in, gives it all back. B hears of it from the
+// settle's announcement and goes at once; with the announcement lost, from
+// its Limiter's next read of the record (every control.WaitRefresh, 0.5
+// s). Without the settle it waits its whole second.
 func TestGiveBackWakesSleepers(t *testing.T) {
 	srv := redistest.Start(t)
 	meters := []Meter{
@@ -144,9 +146,21 @@ func TestGiveBackWakesSleepers(t *testing.T) {
 	}
 	use := Usage{"requests": 1, "output_tokens": 1000}
 	ctx := context.Background()
-	for _, settle := range []bool{true, false} {
-		name := fmt.Sprintf("give-back-%v", settle)
-		a, b := NewLimiter(srv.Client(t)), NewLimiter(srv.Client(t))
+	for _, c := range []struct {
+		settle, lost bool
+		within       time.Duration
+	}{
+		{settle: true, within: 350 * time.Millisecond},
+		{settle: true, lost: true, within: 800 * time.Millisecond},
+		{},
+	} {
+		settle := c.settle
+		name := fmt.Sprintf("give-back-%v-%v", c.settle, c.lost)
+		rdbA := srv.Client(t)
+		if c.lost {
+			rdbA.AddHook(silentSettles{})
+		}
+		a, b := NewLimiter(rdbA), NewLimiter(srv.Client(t))
 		r, err := a.Reserve(ctx, name, meters, use)
 		if err != nil {
 			t.Fatal(err)
@@ -159,10 +173,10 @@ func TestGiveBackWakesSleepers(t *testing.T) {
 			t.Fatal(err)
 		}
 		waited := time.Since(start)
-		t.Logf("settle %v: B waited %v", settle, waited.Round(time.Millisecond))
+		t.Logf("settle %v, announcement lost %v: B waited %v", settle, c.lost, waited.Round(time.Millisecond))
 		switch {
-		case settle && waited > 800*time.Millisecond:
-			t.Errorf("B waited %v though A gave its whole reservation back 100 ms in, want at most 0.8s", waited)
+		case settle && waited > c.within:
+			t.Errorf("announcement lost %v: B waited %v though A gave its whole reservation back 100 ms in, want at most %v", c.lost, waited, c.within)
 		case !settle && waited < 900*time.Millisecond:
 			t.Errorf("control, no settle: B waited %v, want its whole second: the test measures nothing", waited)
 		}
@@ -170,4 +184,24 @@ func TestGiveBackWakesSleepers(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+}
+
+// silentSettles sends settles without the channel that announces their
+// give-backs, as if every announcement were lost.
+type silentSettles struct{}
+
+func (silentSettles) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (silentSettles) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if scriptOp(cmd) == "adjust" {
+			args := cmd.Args()
+			args[len(args)-1] = ""
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (silentSettles) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"io"
+	"log/slog"
 	"math"
 	"net/http"
 	"time"
@@ -148,6 +149,25 @@ func readBody(r io.Reader) ([]byte, error) {
 		return nil, fmt.Errorf("%w: a request body over %d MiB to estimate", ErrInvalidTokens, maxRequestBody>>20)
 	}
 	return body, nil
+}
+
+// checkPolicies logs, once for each bucket and Meter, a Meter whose Limit
+// refills faster than the provider's RateLimit-Policy of the same name
+// says it allows: a fleet held to it meets the provider's refusals.
+func (t *Transport) checkPolicies(name string, o ask, h http.Header) {
+	ps := policies(h)
+	for i, meter := range o.meters {
+		rate, ok := ps[meter]
+		if !ok || o.lims[i].Rate <= rate*(1+1e-9) {
+			continue
+		}
+		if _, warned := t.warned.LoadOrStore(name+"\x00"+meter, true); warned {
+			continue
+		}
+		t.limiter.cfg.logger.Warn("quota: the provider's RateLimit-Policy allows a meter less than its Limit",
+			slog.String("bucket", name), slog.String("meter", meter),
+			slog.Float64("limit_per_second", o.lims[i].Rate), slog.Float64("policy_per_second", rate))
+	}
 }
 
 // lows returns what the response headers h say remains of each Meter of

@@ -5,12 +5,17 @@ import (
 	"context"
 	"errors"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/sharedquota/quota/internal/llmfake"
+	"github.com/sharedquota/quota/internal/logtest"
 	"github.com/sharedquota/quota/internal/redistest"
 )
 
@@ -142,5 +147,98 @@ func TestMeteredBodies(t *testing.T) {
 	}
 	if left := meterLevel(t, tr, name, MeterOutputTokens, 20); left < 10000-50 {
 		t.Errorf("%.0f output tokens left after a request that was never sent, want 10000: its reservation stays taken", left)
+	}
+}
+
+// TestMeteringMeetsSlotsAndOutages: a metered Transport with concurrency
+// slots takes its slot and its meters in one call, never sends more than
+// its slots at once, and settles; with Redis down under FallbackLocal,
+// its requests go on the process's share of each meter, and a request
+// whose output reservation exceeds the share's burst is refused with
+// ErrUnavailable rather than sent.
+func TestMeteringMeetsSlotsAndOutages(t *testing.T) {
+	srv := redistest.Start(t)
+	m := Anthropic(AnthropicLimits{
+		InputTokens:  Limit{Rate: 100000, Burst: 100000},
+		OutputTokens: Limit{Rate: 100000, Burst: 10000},
+	})
+	var inFlight, most atomic.Int32
+	p := &llmfake.Server{Kind: llmfake.Anthropic, Latency: 30 * time.Millisecond}
+	provider := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n := inFlight.Add(1)
+		defer inFlight.Add(-1)
+		for old := most.Load(); n > old && !most.CompareAndSwap(old, n); old = most.Load() {
+		}
+		p.ServeHTTP(w, r)
+	}))
+	defer provider.Close()
+	url := provider.URL + "/v1/messages"
+	c, tr, cmds := meteredClient(t, srv, m, nil, WithConcurrency(2), WithPolicy(FallbackLocal(2)), WithLogger(discardLogger()))
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			if _, resp := post(t, c, url, 1000, false, 0); resp.StatusCode != 200 {
+				t.Errorf("through slots: %s", resp.Status)
+			}
+		})
+	}
+	wg.Wait()
+	if err := tr.Limiter().Flush(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if n := most.Load(); n > 2 {
+		t.Errorf("%d requests in flight at once, with 2 slots", n)
+	}
+	if n := cmds.byOp()["adjust"]; n != 8 {
+		t.Errorf("%d settles for 8 answers through slots, want 8", n)
+	}
+
+	srv.Kill()
+	// The share of each meter is half the bucket: 5,000 output tokens of
+	// burst. A reservation of 1,000 goes; one of 6,000 cannot.
+	if _, resp := post(t, c, url, 1000, false, 0); resp.StatusCode != 200 {
+		t.Errorf("with Redis down, on the local share: %s", resp.Status)
+	}
+	if mode := tr.Limiter().Mode(); mode != ModeLocal {
+		t.Errorf("mode %v with Redis down under FallbackLocal", mode)
+	}
+	req, _ := http.NewRequest("POST", url, bytes.NewReader(llmRequest("anthropic", 1, 6000, false)))
+	if _, err := c.Do(req); !errors.Is(err, ErrUnavailable) {
+		t.Errorf("a reservation beyond the local share's burst: %v, want ErrUnavailable", err)
+	}
+}
+
+// TestRateLimitPolicyBelowTheLimit: a provider whose RateLimit-Policy
+// allows a meter less than the Limit it was given is logged once, and a
+// policy at the Limit or above, or of no meter, not at all.
+func TestRateLimitPolicyBelowTheLimit(t *testing.T) {
+	_, rdb, _ := newMini(t)
+	for _, c := range []struct {
+		policy string
+		logs   int
+	}{
+		{`"output_tokens";q=60;w=60, "input_tokens";q=40000;w=60`, 1}, // 1/s, against 8000/min
+		{`"output_tokens";q=8000;w=60`, 0},
+		{`"other";q=1;w=60`, 0},
+		{``, 0},
+	} {
+		rec := &logtest.Recorder{}
+		base := roundTripFunc(func(r *http.Request) (*http.Response, error) {
+			h := http.Header{"Content-Type": {"application/json"}}
+			if c.policy != "" {
+				h.Set("RateLimit-Policy", c.policy)
+			}
+			return &http.Response{StatusCode: 200, Header: h, Request: r,
+				Body: io.NopCloser(strings.NewReader(`{"usage":{"input_tokens":5,"output_tokens":5}}`))}, nil
+		})
+		tr := NewTransport(rdb, PerMinute(50), WithBase(base), WithLogger(slog.New(rec)),
+			WithMetering(Anthropic(AnthropicLimits{InputTokens: PerMinute(40000), OutputTokens: PerMinute(8000)})))
+		c2 := &http.Client{Transport: tr}
+		for range 3 {
+			post(t, c2, "https://api.anthropic.com/v1/messages", 10, false, 0)
+		}
+		if n := rec.Count(slog.LevelWarn, "quota: the provider's RateLimit-Policy allows a meter less than its Limit"); n != c.logs {
+			t.Errorf("RateLimit-Policy %q: %d warnings in 3 responses, want %d", c.policy, n, c.logs)
+		}
 	}
 }

@@ -38,6 +38,7 @@ type Transport struct {
 	cfg     config
 	limit   Limit
 	times   request.Times // of the responses whose requests held a slot
+	warned  sync.Map      // "<bucket>\x00<meter>": a RateLimit-Policy below the Meter's Limit was logged
 }
 
 var _ http.RoundTripper = (*Transport)(nil)
@@ -172,8 +173,11 @@ func (t *Transport) send(req *http.Request, name string, o ask, slot *Slot) (*ht
 		}
 	}
 	var lows []float64
-	if res != nil && t.limiter.Mode() == ModeShared {
-		lows = t.lows(o, resp.Header, time.Now())
+	if res != nil {
+		t.checkPolicies(name, o, resp.Header)
+		if t.limiter.Mode() == ModeShared {
+			lows = t.lows(o, resp.Header, time.Now())
+		}
 	}
 	if usage != nil {
 		res.lows, res.lowsAt, lows = lows, time.Now(), nil // they ride on the settle
@@ -193,6 +197,7 @@ func (t *Transport) send(req *http.Request, name string, o ask, slot *Slot) (*ht
 			if u, ok := usage.Usage(); ok {
 				res.Settle(u)
 			} else {
+				t.limiter.updates.unknown.Add(ctx, 1)
 				res.lower()
 			}
 		}

@@ -42,6 +42,7 @@ type updates struct {
 	running  pending.Count
 	failures metric.Int64Counter
 	cut      metric.Float64Counter
+	unknown  metric.Int64Counter
 	logger   *slog.Logger
 	client   string
 
@@ -60,6 +61,9 @@ func (u *updates) init(cfg config, client string, meter metric.Meter) {
 	u.cut, _ = meter.Float64Counter("quota.settle.cut",
 		metric.WithDescription("Tokens a settle reported beyond its bound (see WithSettle) and did not take."),
 		metric.WithUnit("{token}"))
+	u.unknown, _ = meter.Int64Counter("quota.settle.unknown",
+		metric.WithDescription("Metered responses that ended before they told their usage (closed or cut short, or a stream without it): their reservations stand."),
+		metric.WithUnit("{response}"))
 }
 
 // update is one change to a bucket, with the span it is traced under.

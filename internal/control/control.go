@@ -487,6 +487,46 @@ func (c *Controls) Announced(key string) {
 	}
 }
 
+// GaveBack takes in an announcement of the give-backs of the bucket whose
+// first key is key: each layer's so far, "<suffix>=<µs>" separated by
+// spaces. The state they raise replaces the entry's, so that its callers
+// asleep in the queue go sooner without a read.
+func (c *Controls) GaveBack(key, backs string) {
+	e := c.Lookup(key)
+	if e == nil {
+		return
+	}
+	told := map[string]int64{}
+	for part := range strings.FieldsSeq(backs) {
+		suffix, v, ok := strings.Cut(part, "=")
+		n, err := strconv.ParseInt(v, 10, 64)
+		if !ok || err != nil {
+			return
+		}
+		told[suffix] = n
+	}
+	for {
+		st := e.state.Load()
+		back := make([]int64, 1+len(strings.Fields(e.layers)))
+		copy(back, st.back)
+		raised := false
+		for i, suffix := range append([]string{""}, strings.Fields(e.layers)...) {
+			if n, ok := told[suffix]; ok && n > back[i] {
+				back[i], raised = n, true
+			}
+		}
+		if !raised {
+			return
+		}
+		next := *st
+		next.back, next.replaced = back, make(chan struct{})
+		if e.state.CompareAndSwap(st, &next) {
+			close(st.replaced)
+			return
+		}
+	}
+}
+
 // A Record is a control record as the script replies it.
 type Record struct {
 	Now          int64 // µs, the server's clock

@@ -492,9 +492,10 @@ if not n and (op == 'refund' or op == 'adjust' or op == 'lower') then
   end
 end
 -- adjust: the tokens the provider says remain, as lower's ARGV[2], to
--- apply after the adjust in the same call; absent for none.
+-- apply after the adjust in the same call; absent or "" for none. Then
+-- the channel that announces the give-backs, absent or "" for none.
 local lows
-if op == 'adjust' and ARGV[3 * k + 5] then
+if op == 'adjust' and ARGV[3 * k + 5] and ARGV[3 * k + 5] ~= '' then
   lows = amounts(ARGV[3 * k + 5], true)
   if not lows then
     return redis.error_reply('quota: a lower of ' .. tostring(ARGV[3 * k + 5]) .. ' from ' .. k .. ' layers')
@@ -578,5 +579,15 @@ for i = 1, k do
 end
 if moved then
   expire()
+  local channel = ARGV[3 * k + 6]
+  if channel and channel ~= '' then
+    -- "b", each layer's give-backs so far as "<suffix>=<us>", a newline,
+    -- then the bucket's key: the callers asleep in the queue go sooner.
+    local parts = {'b'}
+    for i = 1, k do
+      parts[#parts + 1] = string.sub(KEYS[i], #KEYS[1] + 1) .. '=' .. (redis.call('HGET', ctl, backField(i)) or '0')
+    end
+    redis.call('PUBLISH', channel, table.concat(parts, ' ') .. '\n' .. KEYS[1])
+  end
 end
 return r

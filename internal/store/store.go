@@ -328,10 +328,12 @@ func (s *Store) Adjust(ctx context.Context, b Bucket, n Cost, id string) error {
 func (s *Store) AdjustLower(ctx context.Context, b Bucket, n Cost, remaining []float64, id string) error {
 	withIDs := b
 	withIDs.Call = append(slices.Clip(b.Call), b.Keys[0]+SettledSuffix)
-	args := s.args(withIDs, "adjust", s.argv.cost(n), id, nil, 1)
+	args := s.args(withIDs, "adjust", s.argv.cost(n), id, nil, 2)
+	var lows any = ""
 	if remaining != nil {
-		args = append(args, s.argv.cost(Cost{Each: remaining}))
+		lows = s.argv.cost(Cost{Each: remaining})
 	}
+	args = append(args, lows, s.channel)
 	cmd, _ := s.script.Run(ctx, withIDs.Call, args...)
 	if err := cmd.Err(); err != nil {
 		return err
