@@ -701,11 +701,19 @@ func TestSlotHandOffAcrossProcesses(t *testing.T) {
 			name, len(gaps), p50.Round(10*time.Microsecond), p90.Round(10*time.Microsecond))
 		return p50
 	}
-	if p50 := measure("riding", 2, 0, 0); p50 > 5*time.Millisecond {
-		t.Errorf("releases riding on the next call: hand-off p50 %v, want under 5ms", p50)
+	// The target is 5 ms, which scripts/slot-figures.sh measures
+	// without the race detector (2 to 3 ms). Under it, the workers run
+	// slowed several times: 2.4 to 3.5 ms in most runs, 4.1 and 6.3 in a
+	// fresh-clone run on a loaded machine.
+	bound := 5 * time.Millisecond
+	if raceDetector {
+		bound = 10 * time.Millisecond
 	}
-	if p50 := measure("alone", 1, 20*time.Millisecond, 0); p50 > 5*time.Millisecond {
-		t.Errorf("releases sent alone: hand-off p50 %v, want under 5ms", p50)
+	if p50 := measure("riding", 2, 0, 0); p50 > bound {
+		t.Errorf("releases riding on the next call: hand-off p50 %v, want under %v", p50, bound)
+	}
+	if p50 := measure("alone", 1, 20*time.Millisecond, 0); p50 > bound {
+		t.Errorf("releases sent alone: hand-off p50 %v, want under %v", p50, bound)
 	}
 	if p50 := measure("control", 1, 20*time.Millisecond, 30*time.Millisecond); p50 < 15*time.Millisecond {
 		t.Errorf("control, a lone release waiting 30ms: hand-off p50 %v, want over 15ms: the measure misses a delayed release", p50)

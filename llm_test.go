@@ -281,13 +281,13 @@ func TestLLMFleet(t *testing.T) {
 	}
 	// The fleets run 12 s, so that their steady window of 9 s holds the
 	// noise of the answers' spread of usage to about 0.02 of the limit;
-	// the controls 6 s.
+	// the controls 5 s.
 	for _, batch := range [][]*llmRun{fleets, controls} {
 		var wg sync.WaitGroup
 		for _, r := range batch {
 			r.run = 12 * time.Second
 			if len(batch) == len(controls) {
-				r.run = 6 * time.Second
+				r.run = 5 * time.Second
 			}
 			wg.Go(func() { llmFleet(t, srv, r) })
 		}
