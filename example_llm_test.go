@@ -51,6 +51,7 @@ func ExampleAnthropic() {
 			OutputTokens: quota.PerMinute(8000),
 		})))
 	client := &http.Client{Transport: tr} // an SDK's option.WithHTTPClient(client)
+	// OpenAI: quota.OpenAI(quota.OpenAILimits{Tokens: quota.PerMinute(30000)})
 	// end README
 
 	postLLM(client, "https://api.anthropic.com/v1/messages", 1024)
@@ -60,33 +61,6 @@ func ExampleAnthropic() {
 		log.Fatal(err)
 	}
 	// Output: 200 OK with 312 output tokens used
-}
-
-// One Transport meters Anthropic's three limits; OpenAI's Metering takes
-// the place of Anthropic's for OpenAI.
-func ExampleWithMetering() {
-	redisServer := standInRedis()
-	defer redisServer.Close()
-	provider := &llmfake.Server{Kind: llmfake.Anthropic, Used: func(int) int { return 100 }}
-	defer standInProvider(provider.ServeHTTP)()
-	rdb := standInClient(redisServer)
-	defer rdb.Close()
-
-	// README:
-	tr := quota.NewTransport(rdb, quota.PerMinute(50), // requests a minute
-		quota.WithMetering(quota.Anthropic(quota.AnthropicLimits{
-			InputTokens:  quota.PerMinute(40000),
-			OutputTokens: quota.PerMinute(8000),
-		})))
-	client := &http.Client{Transport: tr} // an SDK's option.WithHTTPClient(client)
-	// OpenAI: quota.OpenAI(quota.OpenAILimits{Tokens: quota.PerMinute(30000)})
-	// end README
-
-	postLLM(client, "https://api.anthropic.com/v1/messages", 256)
-	if err := tr.Limiter().Flush(context.Background()); err != nil {
-		log.Fatal(err)
-	}
-	// Output: 200 OK with 100 output tokens used
 }
 
 // Requests to OpenAI reserve a request and their input and max_tokens of

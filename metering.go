@@ -7,7 +7,10 @@ import (
 	"log/slog"
 	"math"
 	"net/http"
+	"slices"
 	"time"
+
+	"github.com/sharedquota/quota/internal/store"
 )
 
 // MeterRequests is the name of a metered Transport's first Meter: one a
@@ -68,15 +71,44 @@ type UsageReader interface {
 // call, and its reservation is settled from its response, headers, body
 // or event stream, without the caller losing a byte of it. A request that
 // fails before it was written hands its reservation back. It panics if
-// m.Estimate is nil, or beside WithLayers or WithSettle (give further
-// limits as Meters, and settle through m.Usage).
+// m.Estimate is nil, if a Meter's name is invalid, repeated or
+// MeterRequests, if NoGiveBack names no Meter, or beside WithLayers or
+// WithSettle (give further limits as Meters, and settle through m.Usage).
 func WithMetering(m Metering) TransportOption {
 	if m.Estimate == nil {
 		panic("quota: WithMetering with a nil Estimate")
 	}
-	m.Meters = append([]Meter(nil), m.Meters...)
-	m.NoGiveBack = append([]string(nil), m.NoGiveBack...)
-	return transportOpt(func(c *config) { c.metering = &m })
+	mt := &metering{Metering: m}
+	mt.Meters = append([]Meter(nil), m.Meters...)
+	mt.NoGiveBack = append([]string(nil), m.NoGiveBack...)
+	names := []string{MeterRequests}
+	for _, meter := range mt.Meters {
+		if err := store.CheckMeter(meter.Name); err != nil {
+			panic("quota: WithMetering: " + err.Error())
+		}
+		if slices.Contains(names, meter.Name) {
+			panic(fmt.Sprintf("quota: WithMetering: meter %q given twice, or named as the requests' meter", meter.Name))
+		}
+		names = append(names, meter.Name)
+	}
+	mt.kept = make([]bool, len(names))
+	for _, kept := range mt.NoGiveBack {
+		i := slices.Index(names, kept)
+		if i < 0 {
+			panic(fmt.Sprintf("quota: WithMetering: NoGiveBack names %q, which is no Meter", kept))
+		}
+		mt.kept[i] = true
+	}
+	return transportOpt(func(c *config) { c.metering = mt })
+}
+
+// metering is a Transport's Metering, checked, with what a request's
+// Reservation needs of it worked out once.
+type metering struct {
+	Metering
+	// kept[i]: the provider never gives back what the i-th meter of a
+	// request reserves (MeterRequests, then Meters); nil when none.
+	kept []bool
 }
 
 // meterAsk turns o, the ask of a request to a metered Transport, into the

@@ -242,3 +242,27 @@ func TestRateLimitPolicyBelowTheLimit(t *testing.T) {
 		}
 	}
 }
+
+// TestWithMeteringRefusesWhatCannotBe: a Metering whose Meters cannot be
+// is refused when the option is made, not on every request.
+func TestWithMeteringRefusesWhatCannotBe(t *testing.T) {
+	estimate := func(*http.Request, []byte) (Usage, error) { return nil, nil }
+	lim := PerMinute(60)
+	for _, m := range []Metering{
+		{},
+		{Estimate: estimate, Meters: []Meter{{Name: "a:b", Limit: lim}}},
+		{Estimate: estimate, Meters: []Meter{{Name: "a", Limit: lim}, {Name: "a", Limit: lim}}},
+		{Estimate: estimate, Meters: []Meter{{Name: MeterRequests, Limit: lim}}},
+		{Estimate: estimate, Meters: []Meter{{Name: "a", Limit: lim}}, NoGiveBack: []string{"b"}},
+	} {
+		func() {
+			defer func() {
+				if recover() == nil {
+					t.Errorf("WithMetering(%+v) did not panic", m)
+				}
+			}()
+			WithMetering(m)
+		}()
+	}
+	WithMetering(Metering{Estimate: estimate, Meters: []Meter{{Name: "a", Limit: lim}}, NoGiveBack: []string{"a"}})
+}

@@ -76,7 +76,7 @@ type config struct {
 	providerHeaders bool
 	concurrency     int
 	slotLinger      time.Duration // below zero: the bucket's observed p99
-	metering        *Metering
+	metering        *metering
 
 	limiterOpts int // Options given, which WithLimiter refuses beside it
 }

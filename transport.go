@@ -10,7 +10,6 @@ import (
 	"math"
 	"net/http"
 	"net/http/httptrace"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -124,13 +123,8 @@ func (t *Transport) send(req *http.Request, name string, o ask, slot *Slot) (*ht
 	ctx := req.Context()
 	var res *Reservation
 	if t.cfg.metering != nil {
-		res = &Reservation{l: t.limiter, ctx: context.WithoutCancel(ctx), name: name, o: o, maxPause: t.cfg.maxPause}
-		if m := t.cfg.metering; len(m.NoGiveBack) > 0 {
-			res.kept = make([]bool, len(o.meters))
-			for i, name := range o.meters {
-				res.kept[i] = slices.Contains(m.NoGiveBack, name)
-			}
-		}
+		res = &Reservation{l: t.limiter, ctx: context.WithoutCancel(ctx), name: name, o: o, maxPause: t.cfg.maxPause,
+			kept: t.cfg.metering.kept}
 	}
 	for slot != nil {
 		ok, err := slot.confirm(ctx)
