@@ -34,8 +34,8 @@ func TestFloodOfHostsExpires(t *testing.T) {
 	}
 	before := usedMemory(t, admin)
 
-	const hosts = 50_000
-	lim := Limit{Rate: 0.1, Burst: 1} // full again, and gone, 10s after a take
+	const hosts = 20_000
+	lim := Limit{Rate: 0.25, Burst: 1} // full again, and gone, 4s after a take
 	names := make(chan string, 1024)
 	var wg sync.WaitGroup
 	for range 32 {

@@ -789,18 +789,28 @@ func TestUnreachable(t *testing.T) {
 		{nil, []string{"-redis", addr, "list"}, addr},
 		{nil, []string{"-redis", addr + "," + addr, "list", "-json"}, addr + "," + addr},
 	} {
-		start := time.Now()
-		code, out, errOut := quotaRun(tc.env, tc.args...)
-		took := time.Since(start)
-		if code != 1 || out != "" || strings.Count(errOut, "\n") != 1 || !strings.HasPrefix(errOut, "quotactl: redis at "+tc.name+": ") ||
-			!strings.Contains(errOut, "unavailable") || strings.Contains(errOut, ":pw@") {
-			t.Errorf("quotactl %v with nothing at %s: exit %d, stdout %q, stderr %q; want exit 1 and one line naming the address", tc.args, addr, code, out, errOut)
-		}
-		if took > overall+time.Second {
-			t.Errorf("quotactl %v took %v, want at most %v", tc.args, took, overall)
-		}
-		t.Logf("quotactl %v: exit %d after %v: %s", tc.args, code, took.Round(time.Millisecond), strings.TrimSpace(errOut))
+		// Each waits out its retries: side by side.
+		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
+			t.Parallel()
+			unreachable(t, addr, tc.env, tc.args, tc.name)
+		})
 	}
+}
+
+// unreachable runs quotactl args under env with nothing listening at addr,
+// named name in its error, and checks that it fails at once in one line.
+func unreachable(t *testing.T, addr string, env map[string]string, args []string, name string) {
+	start := time.Now()
+	code, out, errOut := quotaRun(env, args...)
+	took := time.Since(start)
+	if code != 1 || out != "" || strings.Count(errOut, "\n") != 1 || !strings.HasPrefix(errOut, "quotactl: redis at "+name+": ") ||
+		!strings.Contains(errOut, "unavailable") || strings.Contains(errOut, ":pw@") {
+		t.Errorf("quotactl %v with nothing at %s: exit %d, stdout %q, stderr %q; want exit 1 and one line naming the address", args, addr, code, out, errOut)
+	}
+	if took > overall+time.Second {
+		t.Errorf("quotactl %v took %v, want at most %v", args, took, overall)
+	}
+	t.Logf("quotactl %v: exit %d after %v: %s", args, code, took.Round(time.Millisecond), strings.TrimSpace(errOut))
 }
 
 func TestShellLine(t *testing.T) {
