@@ -22,7 +22,9 @@ import (
 // A Figure is the whole picture.
 type Figure struct {
 	Title   string
-	Limit   float64 // the agreed rate, requests per minute
+	Unit    string  // what the rates count, "requests" when empty
+	Refused string  // the legend of the refused line, "of which refused (429)" when empty
+	Limit   float64 // the agreed rate, a minute
 	Allowed float64 // the most the limit lets through in any 1 s (rate + burst), per minute
 	Seconds float64 // the length of a phase
 	Panels  []Panel
@@ -32,7 +34,7 @@ type Figure struct {
 type Panel struct {
 	Title    string
 	T        []float64 // seconds since the phase started
-	Received []float64 // requests received in the second before T, per minute
+	Received []float64 // what was received in the second before T, per minute
 	Refused  []float64 // of which answered 429, per minute
 	Marks    []Mark    // moments to mark with a vertical line
 }
@@ -98,11 +100,15 @@ func (f Figure) draw(c draw.Canvas, plots [][]*plot.Plot) {
 func (f Figure) plots() ([][]*plot.Plot, error) {
 	top := f.Allowed
 	for _, p := range f.Panels {
-		for _, v := range p.Received {
-			top = max(top, v)
+		for i, v := range p.Received {
+			top = max(top, v, p.Refused[i])
 		}
 	}
 	top *= 1.12
+	unit := f.Unit
+	if unit == "" {
+		unit = "requests"
+	}
 	var out [][]*plot.Plot
 	for i, p := range f.Panels {
 		pl := plot.New()
@@ -111,10 +117,10 @@ func (f Figure) plots() ([][]*plot.Plot, error) {
 		pl.Title.Padding = vg.Points(4)
 		pl.X.Min, pl.X.Max = 0, f.Seconds
 		pl.Y.Min, pl.Y.Max = 0, top
-		pl.Y.Label.Text = "requests/min (x the limit)"
+		pl.Y.Label.Text = unit + "/min (x the limit)"
 		pl.Y.Tick.Marker = limitTicks(f.Limit)
 		if i == len(f.Panels)-1 {
-			pl.X.Label.Text = "seconds since the phase started  (rate = requests received in the preceding 1 s, x60)"
+			pl.X.Label.Text = "seconds since the phase started  (rate = " + unit + " received in the preceding 1 s, x60)"
 		}
 		pl.Add(plotter.NewGrid())
 		pl.Legend.Top = true
@@ -132,6 +138,10 @@ func (f Figure) plots() ([][]*plot.Plot, error) {
 // addLines adds a panel's series, the limit lines and its marks to pl, and
 // the lines to its legend if legend is set.
 func (f Figure) addLines(pl *plot.Plot, p Panel, top float64, legend bool) error {
+	refusedLabel := f.Refused
+	if refusedLabel == "" {
+		refusedLabel = "of which refused (429)"
+	}
 	horizontal := func(y float64) plotter.XYs { return plotter.XYs{{X: 0, Y: y}, {X: f.Seconds, Y: y}} }
 	lines := []struct {
 		name  string
@@ -141,7 +151,7 @@ func (f Figure) addLines(pl *plot.Plot, p Panel, top float64, legend bool) error
 		dash  []vg.Length
 	}{
 		{"received by the provider", xys(p.T, p.Received), received, 2.5, nil},
-		{"of which refused (429)", xys(p.T, p.Refused), refused, 1.5, nil},
+		{refusedLabel, xys(p.T, p.Refused), refused, 1.5, nil},
 		{fmt.Sprintf("agreed limit (%.0f/min)", f.Limit), horizontal(f.Limit), limit, 1.5, []vg.Length{vg.Points(6), vg.Points(4)}},
 		{fmt.Sprintf("most the limit allows in any 1 s (rate + burst, %.0f/min)", f.Allowed), horizontal(f.Allowed), allowed, 1.2, []vg.Length{vg.Points(2), vg.Points(3)}},
 	} // the limit lines last, so that they show where the provider's rate meets them
