@@ -188,6 +188,25 @@ func (l *Limiter) granted(ctx context.Context, span *waitSpan, b bucket, o ask, 
 		}
 		return true, nil
 	}
+	if g.Resuming {
+		// The fleet is still on its local shares after an outage this
+		// Limiter did not see: under FallbackLocal it joins them, and
+		// resumes with them; under another policy it takes again
+		// minRetry later.
+		switch {
+		case o.noWait && l.cfg.policy.mode() != ModeLocal:
+			return true, fmt.Errorf("%w: %q resumes after an outage", ErrWouldWait, name)
+		case span.dryRun:
+			return true, nil
+		case l.cfg.policy.mode() == ModeLocal:
+			l.trip(b, errResuming)
+			return false, nil
+		}
+		if err := sleep(ctx, minRetry); err != nil {
+			return true, err
+		}
+		return false, nil
+	}
 	if g.Wait < 0 {
 		// Paused until a resume, which the Limiter had not heard of: it
 		// reads the record, and waits for the pause as the callers after

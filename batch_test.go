@@ -665,7 +665,7 @@ func TestBatchSpans(t *testing.T) {
 	lim := Limit{Rate: 1000, Burst: 1}
 	// The bucket's control record is read before: the takes are the
 	// spans' only round trips.
-	if _, _, err := r.l.controls.Entry(context.Background(), mustBucket(t, "spans", lim).Keys, control.Limit(lim), true); err != nil {
+	if _, _, err := r.l.controls.Entry(context.Background(), "spans", mustBucket(t, "spans", lim).Keys, control.Limit(lim), true); err != nil {
 		t.Fatal(err)
 	}
 	r.hold.hold()

@@ -24,7 +24,7 @@ var controlIdle = time.Minute
 // it is the caller's error. A read of the record counts among the span's
 // round trips.
 func (l *Limiter) controlled(ctx context.Context, span *waitSpan, b bucket) (bucket, error) {
-	e, sent, err := l.controls.Entry(ctx, b.Keys, control.Limit(b.Lims[0]), l.mode() == ModeShared)
+	e, sent, err := l.controls.Entry(ctx, b.Name, b.Keys, control.Limit(b.Lims[0]), l.mode() == ModeShared)
 	if sent {
 		span.trips++
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/sharedquota/quota/internal/breaker"
 	"github.com/sharedquota/quota/internal/control"
 	"github.com/sharedquota/quota/internal/local"
+	"github.com/sharedquota/quota/internal/redisx"
 	"github.com/sharedquota/quota/internal/store"
 	"golang.org/x/time/rate"
 )
@@ -134,8 +135,57 @@ func (l *Limiter) resumeIn(ctx context.Context) time.Duration {
 	if l.cfg.policy.mode() != ModeLocal || !l.handOver {
 		return 0
 	}
-	d, _ := l.resume.In(ctx, resumeDelay, l.store.Now())
+	d, at, _ := l.resume.In(ctx, resumeDelay, l.store.Now())
+	if d > 0 {
+		l.holdShared(ctx, at)
+	}
 	return d
+}
+
+// holdShared has the buckets this Limiter's local shares served grant
+// nothing before at (µs, the scripts' clock), when the fleet resumes them: a Limiter that did not
+// see the outage, its callers asleep on their grants meanwhile, would
+// otherwise take from the shared bucket while the others still spend
+// their shares. Its takes find the instant in the bucket's control
+// record, and it joins the hand-over (see granted). A failure leaves
+// that bucket unheld.
+func (l *Limiter) holdShared(ctx context.Context, at int64) {
+	if l.noJoin {
+		return
+	}
+	held := map[string]bool{}
+	for _, s := range l.locals.Shares() {
+		if held[s.First] {
+			continue // one record for every layer of a bucket
+		}
+		held[s.First] = true
+		b := store.Bucket{Name: s.Name, Keys: []string{s.First}, Lims: []store.Limit{store.Limit(s.Limit)}, Call: []string{s.First, s.First + control.Suffix}}
+		if err := l.store.Resuming(ctx, b, at); err != nil {
+			l.updates.failed(updateSettleLocal, err)
+		}
+	}
+}
+
+// errResuming is the cause of an outage a Limiter learns of from the
+// script: the fleet has yet to leave its local shares.
+var errResuming = errors.New("the fleet is still on its local shares after an outage, until the instant it resumes the shared bucket")
+
+// readFailed tells the breaker of a read of e's record in the background
+// that failed as unavailable: a Limiter whose callers sleep on their
+// grants through an outage, taking nothing, learns of it so, and takes
+// part in the hand-over when Redis is back.
+func (l *Limiter) readFailed(e *control.Entry, err error) {
+	if l.noJoin || !errors.Is(l.classify(context.Background(), err), ErrUnavailable) {
+		return
+	}
+	l.breaker.Trip(e.Name(), func(ctx context.Context) error {
+		redisx.ReloadCluster(ctx, l.store.Script().Client())
+		_, err := l.controls.ReadNow(ctx, e)
+		if err != nil && errors.Is(l.classify(context.Background(), err), ErrUnavailable) {
+			return err
+		}
+		return nil
+	}, err)
 }
 
 // registerSlots holds in Redis the concurrency slots in use here that it

@@ -677,6 +677,9 @@ type workerSpec struct {
 	ReleaseDelay time.Duration
 	// NoFlush exits without Limiter.Flush.
 	NoFlush bool
+	// NoJoin: the Limiter neither learns of an outage from its reads in
+	// the background nor holds the shared bucket until the fleet resumes.
+	NoJoin bool
 
 	// LLM, with URL, posts to an LLM API through a Transport
 	// WithMetering of that API's profile: "anthropic" or "openai", under
@@ -866,6 +869,9 @@ func runWorker() int {
 	rdb := spec.client()
 	rdb.AddHook(dueHook{})
 	acquire, limiter := spec.acquirer(rdb)
+	if limiter != nil {
+		limiter.noJoin = spec.NoJoin
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), workerReadyTimeout)
 	err := warmUp(ctx, rdb, spec.Key, spec.Goroutines)
 	cancel()

@@ -35,6 +35,7 @@ type Limiter struct {
 	obs      observer
 	breaker  *breaker.Breaker
 	handOver bool // FallbackLocal's coordinated resume (off only in tests)
+	noJoin   bool // tests only: takes no part in a hand-over it did not see (see joins)
 	locals   local.Shares
 	workers  local.Workers
 	updates  updates
@@ -100,6 +101,7 @@ func newLimiter(rdb redis.Scripter, cfg config) *Limiter {
 	if cfg.name != "" {
 		client = cfg.name + " (" + client + ")"
 	}
+	l.controls.OnFailure(l.readFailed)
 	l.handOver = true
 	l.breaker = breaker.New(breaker.Config{
 		Client:      client,

@@ -170,6 +170,7 @@ func (st *State) Rescale(due time.Time, takenAt int64, to float64) time.Time {
 // Entry is a Limiter's knowledge of one bucket's control record.
 type Entry struct {
 	key   string // the bucket's first key
+	name  string // the bucket's name
 	state atomic.Pointer[State]
 	read  atomic.Int64 // when it was last read or tried, unix ns
 	used  atomic.Int64 // when it was last used, unix ns
@@ -223,7 +224,17 @@ type Controls struct {
 
 	mu sync.RWMutex
 	m  map[string]*Entry
+
+	failed func(e *Entry, err error) // a read in the background failed; nil: nothing to tell
 }
+
+// OnFailure has f told of every read of a record in the background that
+// fails: that is how a Limiter whose callers only sleep on their grants
+// learns of an outage. Call it before the first use.
+func (c *Controls) OnFailure(f func(e *Entry, err error)) { c.failed = f }
+
+// Name returns the bucket's name.
+func (e *Entry) Name() string { return e.name }
 
 // New returns the Controls that run the record ops of the bucket script
 // s, announced on channel, on which events listens; now is the caller's
@@ -241,8 +252,8 @@ func New(s *redisx.Script, channel string, now func() time.Time, events *redisx.
 	}
 }
 
-// Entry returns the control entry of the bucket whose layers' keys are
-// keys, the first the bucket's own, and whose callers pass passed for the
+// Entry returns the control entry of the bucket called name whose
+// layers' keys are keys, the first the bucket's own, and whose callers pass passed for the
 // first layer, reading the record when it is not
 // known well enough to grant by: when the Limiter has none, or does not
 // listen to announcements and read it more than Refresh ago. Only
@@ -250,7 +261,7 @@ func New(s *redisx.Script, channel string, now func() time.Time, events *redisx.
 // for it. shared tells whether Redis is healthy; while it is not, the
 // entry is used as last read, and read when Redis is back. The error is
 // that of a read that failed.
-func (c *Controls) Entry(ctx context.Context, keys []string, passed Limit, shared bool) (_ *Entry, sent bool, _ error) {
+func (c *Controls) Entry(ctx context.Context, name string, keys []string, passed Limit, shared bool) (_ *Entry, sent bool, _ error) {
 	now := time.Now().UnixNano()
 	listening := c.events.Use()
 	key := keys[0]
@@ -258,7 +269,7 @@ func (c *Controls) Entry(ctx context.Context, keys []string, passed Limit, share
 	e := c.m[key]
 	c.mu.RUnlock()
 	if e == nil {
-		e = c.add(keys, passed)
+		e = c.add(name, keys, passed)
 		listening = false
 	}
 	redisx.Touch(&e.used, now)
@@ -285,7 +296,7 @@ func (c *Controls) Entry(ctx context.Context, keys []string, passed Limit, share
 
 // add returns the entry of the bucket of keys, made and kept if there is
 // none, making room when maxControls are kept.
-func (c *Controls) add(keys []string, passed Limit) *Entry {
+func (c *Controls) add(name string, keys []string, passed Limit) *Entry {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	key := keys[0]
@@ -298,7 +309,7 @@ func (c *Controls) add(keys []string, passed Limit) *Entry {
 	if len(c.m) >= maxControls {
 		c.evict()
 	}
-	e := &Entry{key: key, passed: passed, seen: redisx.Num(passed.Rate) + " " + redisx.Num(passed.Burst)}
+	e := &Entry{key: key, name: name, passed: passed, seen: redisx.Num(passed.Rate) + " " + redisx.Num(passed.Burst)}
 	e.state.Store(&State{replaced: make(chan struct{})})
 	var layers []string
 	for _, k := range keys[1:] {
@@ -426,7 +437,9 @@ func (c *Controls) refresh(e *Entry) {
 	e.mu.Unlock()
 	ctx, cancel := context.WithTimeout(redisx.Untraced(), readFor)
 	defer cancel()
-	_, _ = c.ReadNow(ctx, e)
+	if _, err := c.ReadNow(ctx, e); err != nil && c.failed != nil {
+		c.failed(e, err)
+	}
 }
 
 // read reads e's record, records the Limit the Limiter's callers pass

@@ -8,9 +8,9 @@
 --          interval between two probes of any Limiter.
 -- ARGV[2]  now in microseconds, or "" to use the server's clock (TIME).
 --
--- Reply: microseconds from now until the fleet resumes the shared bucket,
--- zero or less when it already has. The first caller sets the instant;
--- the key lingers one more ARGV[1] after it, then expires.
+-- Reply: {microseconds from now until the fleet resumes the shared bucket,
+-- zero or less when it already has; the instant}. The first caller sets
+-- the instant; the key lingers one more ARGV[1] after it, then expires.
 
 local now = clock(ARGV[2]) -- the prelude's (internal/redisx)
 local delay = tonumber(ARGV[1])
@@ -19,4 +19,4 @@ if not at then
   at = now + delay
   redis.call('SET', KEYS[1], at, 'PX', math.ceil(2 * delay / 1000))
 end
-return at - now
+return {at - now, at}

@@ -122,13 +122,17 @@ func NewResume(rdb redis.Scripter, prefix string) *Resume {
 }
 
 // In returns how long until the fleet resumes the shared bucket: delay
-// after the first Limiter found Redis again, at most delay. now is the
-// caller's clock in µs, or empty for the server's.
-func (r *Resume) In(ctx context.Context, delay time.Duration, now string) (time.Duration, error) {
+// after the first Limiter found Redis again, at most delay, and that
+// instant on the clock of the scripts, µs. now is the caller's clock in
+// µs, or empty for the server's.
+func (r *Resume) In(ctx context.Context, delay time.Duration, now string) (time.Duration, int64, error) {
 	cmd, _ := r.script.Run(ctx, []string{r.key}, delay.Microseconds(), now)
-	us, err := cmd.Int64()
+	v, err := cmd.Int64Slice()
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
-	return min(max(time.Duration(us)*time.Microsecond, 0), delay), nil
+	if len(v) != 2 {
+		return 0, 0, fmt.Errorf("%w: %v", redisx.ErrReply, v)
+	}
+	return min(max(time.Duration(v[0])*time.Microsecond, 0), delay), v[1], nil
 }

@@ -409,6 +409,9 @@ func (s *Store) takeAll(ctx context.Context, b Bucket, takes []*queuedTake) erro
 		}
 		r := v[i*stride : (i+1)*stride : (i+1)*stride]
 		q.g.Granted, q.g.Wait, q.g.Pause, q.g.Back = r[0] == 1, time.Duration(r[1])*time.Microsecond, p, back
+		if r[0] == 0 && r[1] == -2 {
+			q.g.Resuming, q.g.Wait = true, 0 // see Decode
+		}
 		if r[0] == 0 || r[1] != 0 {
 			q.g.Tats = r[2:]
 		}

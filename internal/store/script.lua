@@ -26,6 +26,8 @@
 --                 resume; a pause whose until has passed is over;
 --   shifted       how far the pause has moved the layers' queues so far;
 --   src           who set the pause's end: "provider" or "operator";
+--   resume        after an outage, the instant (us) the fleet leaves its
+--                 local shares: no take is granted before it;
 --   changed, pivot, prev, during
 --                 when the Limit in force last changed, the instant from
 --                 which the queue was rescaled, the rate before, and the
@@ -42,7 +44,8 @@
 -- KEYS[k+2]   adjust only: the ids of the settles applied lately, a sorted
 --             set scored by when each may be forgotten (ms).
 -- ARGV[1]     operation. On the layers: "take", "refund", "probe",
---             "pause", "lower", "adjust"; on the record: "read", "status",
+--             "pause", "lower", "adjust", "resuming"; on the record:
+--             "read", "status",
 --             "limit", "clear", "hold" (an operator's pause) and "resume".
 -- ARGV[4]     now in microseconds, or "" to use the server's clock (TIME).
 --
@@ -52,6 +55,8 @@
 --             (requests, input tokens, output tokens), one amount per
 --             layer separated by spaces, each >= 0 (see amounts);
 --             pause: how long, in microseconds, nothing may be granted;
+--             resuming: the instant, in microseconds, the fleet leaves
+--             its local shares after an outage;
 --             lower: the tokens the provider says remain (>= 0), or one
 --             number per layer, below zero for a layer it says nothing of;
 --             adjust: tokens to take (> 0) or give back (< 0) at once,
@@ -81,7 +86,9 @@
 --           rounded to the nearest) is how long until they have accrued in
 --           all of them; when the wait would exceed ARGV[3], granted is 0,
 --           nothing is taken and wait says how long it would have been, or
---           is -1 while the bucket is paused until a resume. The tats (us,
+--           is -1 while the bucket is paused until a resume, -2 while
+--           the fleet has yet to leave its local shares after an outage
+--           (resuming), whatever ARGV[3]. The tats (us,
 --           rounded down) identify the take for a later refund. A take
 --           granted without a wait replies the integer 0 alone instead: the
 --           cheapest reply there is, for the commonest case.
@@ -108,6 +115,9 @@
 -- pause, hold
 --         grant nothing before now + ARGV[2] (see pauseTo);
 -- lower   leaves each layer at most ARGV[2] tokens, never raising it;
+-- resuming
+--         records in the record's "resume" field the instant the fleet
+--         leaves its local shares, the latest it was told;
 -- adjust  takes (or gives back) tokens now, without waiting, once per id.
 --
 -- A layer key expires when its layer is full again: an absent key and a
@@ -154,8 +164,13 @@ end
 local moved = false
 
 -- The pause and the override, as every operation needs them.
-local f = redis.call('HMGET', ctl, 'since', 'until', 'shifted', 'rate', 'burst', 'seen')
+local f = redis.call('HMGET', ctl, 'since', 'until', 'shifted', 'rate', 'burst', 'seen', 'resume')
 local since, untilv, shifted = tonumber(f[1]), f[2], tonumber(f[3]) or 0
+-- After an outage, the instant the fleet leaves its local shares
+-- (resuming): until then no take is granted, whether or not its Limiter
+-- saw the outage.
+local resuming = tonumber(f[7])
+resuming = resuming ~= nil and resuming > now
 local forever = untilv == 'forever'
 local ends = tonumber(untilv) -- nil while forever
 local paused = since ~= nil and (forever or ends > now)
@@ -433,8 +448,10 @@ if op == 'take' then
     end
     local wait = math.floor(longest + 0.5)
     local o = #reply
-    if forever or wait > tonumber(ARGV[x + 1]) then
-      if forever then
+    if forever or resuming or wait > tonumber(ARGV[x + 1]) then
+      if resuming then
+        wait = -2
+      elseif forever then
         wait = -1
       end
       reply[o + 1], reply[o + 2], waited = 0, wait, true
@@ -500,6 +517,18 @@ if op == 'adjust' and ARGV[3 * k + 5] and ARGV[3 * k + 5] ~= '' then
   if not lows then
     return redis.error_reply('quota: a lower of ' .. tostring(ARGV[3 * k + 5]) .. ' from ' .. k .. ' layers')
   end
+end
+if op == 'resuming' then
+  -- The fleet leaves its local shares at n: no take before then.
+  local at = n
+  if at > now and (not f[7] or tonumber(f[7]) < at) then
+    redis.call('HSET', ctl, 'resume', string.format('%d', at))
+    expire()
+  end
+  for i = 1, k do
+    r[i + 2] = math.floor(r[i + 2])
+  end
+  return r
 end
 if op == 'pause' then
   if pauseTo(now + n, 'provider') then

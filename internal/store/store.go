@@ -175,13 +175,14 @@ func (s *Store) Cluster() bool { return s.cluster }
 
 // A Grant is the reply to a take.
 type Grant struct {
-	Granted bool          // false: the wait exceeds the caller's, nothing was taken
-	Wait    time.Duration // until the tokens have accrued, or would have
-	Tats    []int64       // µs, a layer each; identify the take for its refund (nil without a wait)
-	Pause   Pause         // the pause in force when the take ran (zero without a wait)
-	Back    []int64       // the layers' give-backs when the take ran, µs (see script.lua); nil without a wait
-	Trips   int           // the Redis round trips of its call
-	Size    int           // the takes its call served, when takes share calls; 0 otherwise or when none was sent
+	Granted  bool          // false: the wait exceeds the caller's, nothing was taken
+	Resuming bool          // not granted: the fleet has yet to leave its local shares after an outage
+	Wait     time.Duration // until the tokens have accrued, or would have
+	Tats     []int64       // µs, a layer each; identify the take for its refund (nil without a wait)
+	Pause    Pause         // the pause in force when the take ran (zero without a wait)
+	Back     []int64       // the layers' give-backs when the take ran, µs (see script.lua); nil without a wait
+	Trips    int           // the Redis round trips of its call
+	Size     int           // the takes its call served, when takes share calls; 0 otherwise or when none was sent
 }
 
 // TakenAt returns when, on the server's clock in microseconds, the take
@@ -267,6 +268,9 @@ func Decode(b Bucket, v []int64) (Grant, error) {
 	if len(v) != 2+k+2+k {
 		return Grant{}, fmt.Errorf("%w: %v", redisx.ErrReply, v)
 	}
+	if v[0] == 0 && v[1] == -2 {
+		return Grant{Resuming: true, Tats: v[2 : 2+k : 2+k], Pause: Pause{Since: v[2+k], Shifted: v[3+k]}, Back: v[4+k:]}, nil
+	}
 	return Grant{
 		Granted: v[0] == 1,
 		Wait:    time.Duration(v[1]) * time.Microsecond,
@@ -284,6 +288,14 @@ func (s *Store) Refund(ctx context.Context, b Bucket, n Cost, tats []int64) erro
 // Probe rewrites b as it is, to learn whether the server accepts writes.
 func (s *Store) Probe(ctx context.Context, b Bucket) error {
 	return s.do(ctx, b, "probe", 0, 0, nil)
+}
+
+// Resuming grants nothing from b before at (µs, on the scripts' clock),
+// when the fleet leaves its local shares after an outage, to any Limiter,
+// whether or not it saw the outage; of several such instants, the latest
+// stands.
+func (s *Store) Resuming(ctx context.Context, b Bucket, at int64) error {
+	return s.do(ctx, b, "resuming", at, 0, nil)
 }
 
 // Pause grants nothing from b for d, as a provider's Retry-After asks: the
