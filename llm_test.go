@@ -257,73 +257,72 @@ func (r *llmRun) name() string {
 	return s
 }
 
-// TestLLMFleet: a fleet metered as Anthropic and OpenAI meter it gets at
-// least 0.9 of the binding limit's rate, without a 429, with its usage in
-// the body or in the stream, at one take and at most one settle call a
-// request; per-process limiters are refused, and a fleet that never
-// settles its Anthropic reservations gets far less. Each fleet has a
-// provider and a bucket of its own.
+// TestLLMFleet: 4 processes x 8 goroutines through metered Transports at
+// 95% of a fake provider's limits, for each provider, body and stream: no
+// 429, at least 0.9 of the binding limit's rate in the steady window, at
+// most one take call and one settle call a request.
 func TestLLMFleet(t *testing.T) {
 	redistest.Long(t)
-	// Alone, not beside the parallel tests, and in two batches, so that
-	// the machine is not too loaded for the fleets' timing: a grant that
-	// reaches the provider late counts there in a later window than in
-	// the fleet's bucket. The four fleets, then the three controls.
+	// Alone, not beside the parallel tests, so that the machine is not too
+	// loaded for the fleets' timing: a grant that reaches the provider
+	// late counts there in a later window than in the fleet's bucket.
+	// The fleets run 10 s, so that their steady window of 7 s holds the
+	// noise of the answers' spread of usage to about 0.02 of the limit.
 	srv := redistest.Start(t)
 	fleets := []*llmRun{
 		{api: "anthropic"}, {api: "anthropic", stream: true},
 		{api: "openai"}, {api: "openai", stream: true},
 	}
+	runLLM(t, srv, fleets, 10*time.Second)
+	for _, r := range fleets {
+		if r.refused > 0 {
+			t.Errorf("%s: %d requests refused with 429", r.name(), r.refused)
+		}
+		if r.binding < 0.9 {
+			t.Errorf("%s: %.2f of the binding limit's rate, want at least 0.9", r.name(), r.binding)
+		}
+		if n := r.perReq["take"]; n > 1.05 {
+			t.Errorf("%s: %.2f take calls a request, want at most 1", r.name(), n)
+		}
+		if n := r.perReq["adjust"]; n > 1.05 {
+			t.Errorf("%s: %.2f settle calls a request, want at most 1", r.name(), n)
+		}
+	}
+}
+
+// TestLLMFleetControls are TestLLMFleet's negative controls, 5 s each:
+// per-process limiters meet 429s, a fleet that never settles stays well
+// below the settled fleet's rate, and one that reserves the 90th
+// percentile of the usage in place of max_tokens meets 429s (Anthropic
+// charges max_tokens on arrival). Load only makes each more likely, so
+// they run beside the parallel tests.
+func TestLLMFleetControls(t *testing.T) {
+	redistest.Long(t)
+	t.Parallel()
+	srv := redistest.Start(t)
 	controls := []*llmRun{
 		{api: "anthropic", ownLimit: true}, {api: "anthropic", noSettle: true},
-		// What reserving a quantile of the usage in place of max_tokens
-		// would cost: 550 is its 90th percentile.
-		{api: "anthropic", quantile: 550},
+		{api: "anthropic", quantile: 550}, // the usage's 90th percentile
 	}
-	// The fleets run 10 s, so that their steady window of 7 s holds the
-	// noise of the answers' spread of usage to about 0.02 of the limit;
-	// the controls 5 s.
-	for _, batch := range [][]*llmRun{fleets, controls} {
-		var wg sync.WaitGroup
-		for _, r := range batch {
-			r.run = 10 * time.Second
-			if len(batch) == len(controls) {
-				r.run = 5 * time.Second
-			}
-			wg.Go(func() { llmFleet(t, srv, r) })
-		}
-		wg.Wait()
-	}
-	fleets = append(fleets, controls...)
-	for _, r := range fleets {
+	runLLM(t, srv, controls, 5*time.Second)
+	for _, r := range controls {
 		switch {
-		case r.ownLimit:
-			if r.refused == 0 {
-				t.Errorf("%s: no 429: the provider's limits do not bind the fleet, and the test shows nothing", r.name())
-			}
-		case r.quantile > 0:
-			// Anthropic charges max_tokens on arrival: a fleet that
-			// reserves less meets the provider's refusals.
-			if r.refused == 0 {
-				t.Errorf("%s: no 429: reserving less than max_tokens went unpunished, and the test shows nothing", r.name())
-			}
-		case r.noSettle:
-			if r.binding > 0.6 {
-				t.Errorf("%s: %.2f of the binding limit's rate, want well below the settled fleet's", r.name(), r.binding)
-			}
-		default:
-			if r.refused > 0 {
-				t.Errorf("%s: %d requests refused with 429", r.name(), r.refused)
-			}
-			if r.binding < 0.9 {
-				t.Errorf("%s: %.2f of the binding limit's rate, want at least 0.9", r.name(), r.binding)
-			}
-			if n := r.perReq["take"]; n > 1.05 {
-				t.Errorf("%s: %.2f take calls a request, want at most 1", r.name(), n)
-			}
-			if n := r.perReq["adjust"]; n > 1.05 {
-				t.Errorf("%s: %.2f settle calls a request, want at most 1", r.name(), n)
-			}
+		case r.ownLimit && r.refused == 0:
+			t.Errorf("%s: no 429: the provider's limits do not bind the fleet, and the test shows nothing", r.name())
+		case r.noSettle && r.binding > 0.6:
+			t.Errorf("%s: %.2f of the binding limit's rate, want well below the settled fleet's", r.name(), r.binding)
+		case r.quantile > 0 && r.refused == 0:
+			t.Errorf("%s: no 429: reserving less than max_tokens went unpunished, and the test shows nothing", r.name())
 		}
 	}
+}
+
+// runLLM runs the fleets rs at once, each for d.
+func runLLM(t *testing.T, srv *redistest.Server, rs []*llmRun, d time.Duration) {
+	var wg sync.WaitGroup
+	for _, r := range rs {
+		r.run = d
+		wg.Go(func() { llmFleet(t, srv, r) })
+	}
+	wg.Wait()
 }

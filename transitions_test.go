@@ -404,6 +404,7 @@ func TestFleetResumesTogether(t *testing.T) {
 // without settling the shared bucket, break the bound of the test above.
 func TestFleetResumesTogetherCatchesWorkerByWorker(t *testing.T) {
 	redistest.Long(t)
+	t.Parallel() // a bound broken alone is broken beside the others too
 	got, limit, _ := staggeredRecovery(t, false)
 	if got <= limit {
 		t.Errorf("workers resuming one by one stayed within the bound: %d in a 1s window, bound %d", got, limit)

@@ -50,8 +50,11 @@ func TestShortRun(t *testing.T) {
 		t.Skip("redis-server not on PATH; set QUOTA_REQUIRE_REDIS=1 to fail instead")
 	}
 	cfg := shortConfig()
+	// Contended for 1 s, the window the bound is judged in, on a bucket
+	// slow enough that the pollers poll (the full run's 100/s burst 10)
+	// and fast enough that 200 goroutines drain their queue in a second.
 	cfg.contended = time.Second
-	cfg.lim = defaultConfig().lim
+	cfg.lim = limit{Rate: 200, Burst: defaultConfig().lim.Burst}
 	var out, log bytes.Buffer
 	rep, err := measureAll(context.Background(), cfg, &log)
 	if err != nil {
