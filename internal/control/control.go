@@ -87,7 +87,15 @@ type State struct {
 	// the first layer's and then the further layers' of the entry.
 	back []int64
 
+	// pushes is how far takes of higher priority classes have pushed each
+	// class's queue in each layer so far, µs, class 0's layers first;
+	// pushAt, when the latest push was, on the local clock. nil and zero
+	// on a bucket no class above 0 took from.
+	pushes []int64
+	pushAt time.Time
+
 	readAt   time.Time // when the read that made it was sent; zero: never read
+	serverAt int64     // the server's clock then, µs
 	replaced chan struct{}
 }
 
@@ -112,6 +120,33 @@ func (e *Entry) Back(st *State, suffix string) (int64, bool) {
 		i++
 	}
 	return 0, false
+}
+
+// CommitHorizon is how far ahead of now a grant stands, the bucket script's
+// commit: a take of a higher priority class pushes back only the grants
+// of lower classes due later than that after it (see script.lua), so that
+// its announcement reaches their callers before they are due.
+const CommitHorizon = 100 * time.Millisecond
+
+// Pushed returns how far takes of higher classes had pushed the queue of
+// class class in the layer whose key is the bucket's first key and
+// suffix when st was read, µs, and when the latest push was; ok is false
+// when st does not say.
+func (e *Entry) Pushed(st *State, class int, suffix string) (us int64, at time.Time, ok bool) {
+	i := 0
+	if suffix != "" {
+		i = -1
+		for j, s := range strings.Fields(e.layers) {
+			if s == suffix {
+				i = j + 1
+			}
+		}
+	}
+	k := 1 + len(strings.Fields(e.layers))
+	if i < 0 || class*k+i >= len(st.pushes) {
+		return 0, time.Time{}, false
+	}
+	return st.pushes[class*k+i], st.pushAt, true
 }
 
 // PausedAt tells whether the pause is in force at t, and when it ends.
@@ -540,6 +575,68 @@ func (c *Controls) GaveBack(key, backs string) {
 	}
 }
 
+// Pushed takes in an announcement of the pushes of the bucket whose first
+// key is key: when, on the server's clock, then each class's push counts
+// in each layer, "<class>:<suffix>=<µs>" separated by spaces. The state
+// they raise replaces the entry's, so that its callers asleep in the
+// lower classes go later without a read.
+func (c *Controls) Pushed(key, pushes string) {
+	e := c.Lookup(key)
+	if e == nil {
+		return
+	}
+	when, rest, _ := strings.Cut(pushes, " ")
+	at, err := strconv.ParseInt(when, 10, 64)
+	if err != nil {
+		return
+	}
+	suffixes := append([]string{""}, strings.Fields(e.layers)...)
+	k := len(suffixes)
+	told := map[int]int64{} // by class*k + layer
+	for part := range strings.FieldsSeq(rest) {
+		cs, v, ok := strings.Cut(part, "=")
+		class, suffix, ok2 := strings.Cut(cs, ":")
+		cl, err1 := strconv.Atoi(class)
+		n, err2 := strconv.ParseInt(v, 10, 64)
+		if !ok || !ok2 || err1 != nil || err2 != nil || cl < 0 || cl > 7 {
+			return
+		}
+		for i, s := range suffixes {
+			if s == suffix {
+				told[cl*k+i] = n
+			}
+		}
+	}
+	for {
+		st := e.state.Load()
+		if st.readAt.IsZero() {
+			return // never read: its first read tells
+		}
+		size := len(st.pushes)
+		for i := range told {
+			size = max(size, (i/k+1)*k)
+		}
+		pushes := make([]int64, size)
+		copy(pushes, st.pushes)
+		raised := false
+		for i, n := range told {
+			if n > pushes[i] {
+				pushes[i], raised = n, true
+			}
+		}
+		if !raised {
+			return
+		}
+		next := *st
+		next.pushes, next.replaced = pushes, make(chan struct{})
+		next.pushAt = st.readAt.Add(time.Duration(at-st.serverAt) * time.Microsecond)
+		if e.state.CompareAndSwap(st, &next) {
+			close(st.replaced)
+			return
+		}
+	}
+}
+
 // A Record is a control record as the script replies it.
 type Record struct {
 	Now          int64 // µs, the server's clock
@@ -556,6 +653,12 @@ type Record struct {
 	// Back is how far give-backs have moved each layer's queue so far, µs:
 	// the first layer's, then the further layers' in the order read.
 	Back []int64
+	// Pushes is how far takes of higher priority classes have pushed each
+	// class's queue in each layer, µs, class 0's layers first; PushAt, when
+	// the latest push was. Nil and 0 on a bucket no class above 0 took
+	// from.
+	Pushes []int64
+	PushAt int64
 }
 
 // Parse reads the reply of a record op. A Limit in it must have a finite
@@ -565,7 +668,7 @@ func Parse(cmd *redis.Cmd) (Record, error) {
 	if err != nil {
 		return Record{}, err
 	}
-	if len(vals) != 14 {
+	if len(vals) != 15 {
 		return Record{}, fmt.Errorf("%w: a control reply of %d fields", redisx.ErrReply, len(vals))
 	}
 	var r Record
@@ -621,6 +724,12 @@ func Parse(cmd *redis.Cmd) (Record, error) {
 	for b := range strings.FieldsSeq(vals[13]) {
 		r.Back = append(r.Back, integer(b))
 	}
+	if at, pushes, ok := strings.Cut(vals[14], " "); ok {
+		r.PushAt = integer(at)
+		for p := range strings.FieldsSeq(pushes) {
+			r.Pushes = append(r.Pushes, integer(p))
+		}
+	}
 	if err := errors.Join(errs...); err != nil {
 		return Record{}, fmt.Errorf("%w: an unreadable control record: %w", redisx.ErrReply, err)
 	}
@@ -630,7 +739,7 @@ func Parse(cmd *redis.Cmd) (Record, error) {
 // state turns the record into a Limiter's state, its times moved to the
 // local clock as of sent, when the read was sent.
 func (r Record) state(sent time.Time) *State {
-	st := &State{replaced: make(chan struct{}), readAt: sent, source: r.Source, back: r.Back}
+	st := &State{replaced: make(chan struct{}), readAt: sent, serverAt: r.Now, source: r.Source, back: r.Back, pushes: r.Pushes}
 	if r.Override != nil {
 		st.override, st.hasOverride = *r.Override, true
 	}
@@ -641,6 +750,9 @@ func (r Record) state(sent time.Time) *State {
 	local := func(us int64) time.Time {
 		us = max(min(us, r.Now+century.Microseconds()), r.Now-century.Microseconds())
 		return sent.Add(time.Duration(us-r.Now) * time.Microsecond)
+	}
+	if r.PushAt != 0 {
+		st.pushAt = local(r.PushAt)
 	}
 	if r.changed != 0 {
 		st.changedUS, st.pivot, st.prev, st.during = r.changed, local(r.pivot), r.prev, r.during

@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -348,6 +349,12 @@ func (bs *batches) send(s *Store, key string, b Bucket, takes []*queuedTake) {
 			end = horizon(time.Now(), q.g)
 		}
 	default:
+		// The script serves the takes from the highest priority class to
+		// the lowest, each class in arrival order: the pushes of a class's
+		// takes then come before the grants of the classes they push, and
+		// so the push counts of the call's reply are those every grant is
+		// to be moved from.
+		slices.SortStableFunc(live, func(a, b *queuedTake) int { return b.n.Class - a.n.Class })
 		ctx, cancel := callContext(live)
 		err := s.takeAll(ctx, b, live)
 		outage = s.outage(ctx, err)
@@ -380,26 +387,37 @@ func (q *queuedTake) acceptable() time.Duration {
 // takeAll takes the tokens of every one of takes from b in one call, in
 // their order, and sets each one's reply; it returns the call's error.
 func (s *Store) takeAll(ctx context.Context, b Bucket, takes []*queuedTake) error {
+	classes := takes[0].n.Class > 0 // the highest class comes first (see send)
 	first := takes[0]
-	args := s.args(b, "take", s.argv.cost(first.n), s.argv.micros(first.acceptable().Microseconds()), nil, 2*(len(takes)-1))
+	args := s.args(b, "take", s.argv.cost(first.n), s.argv.micros(first.acceptable().Microseconds()), nil, 2*(len(takes)-1)+1)
 	for _, q := range takes[1:] {
 		args = append(args, s.argv.cost(q.n), s.argv.micros(q.acceptable().Microseconds()))
+	}
+	if classes {
+		args = append(args, s.channel) // announces the takes' pushes
 	}
 	cmd, trips := s.script.Run(ctx, b.Call, args...)
 	err := cmd.Err()
 	var v []int64 // nil: every take granted without a wait
-	stride := 2 + len(b.Keys)
+	k := len(b.Keys)
+	stride := 2 + k
+	trailer := 0
 	if z, ok := cmd.Val().(int64); err == nil && !(ok && z == 0) {
-		if v, err = cmd.Int64Slice(); err != nil || len(v) != stride*len(takes)+2+len(b.Keys) {
+		v, err = cmd.Int64Slice()
+		trailer = len(v) - stride*len(takes)
+		if err != nil || trailer < 2+k || (trailer-2-k)%k != 0 || trailer-2-k > MaxClass*k {
 			err = fmt.Errorf("%w: %v", redisx.ErrReply, cmd.Val())
 		}
 	}
 	var p Pause
-	var back []int64
+	var back, pushed []int64
 	if err == nil && v != nil {
-		k := len(b.Keys)
-		p = Pause{Since: v[len(v)-2-k], Shifted: v[len(v)-1-k]}
-		back = v[len(v)-k:]
+		t := v[len(v)-trailer:]
+		p = Pause{Since: t[0], Shifted: t[1]}
+		back = t[2 : 2+k : 2+k]
+		if len(t) > 2+k {
+			pushed = t[2+k:]
+		}
 	}
 	for i, q := range takes {
 		q.err = err
@@ -408,7 +426,7 @@ func (s *Store) takeAll(ctx context.Context, b Bucket, takes []*queuedTake) erro
 			continue
 		}
 		r := v[i*stride : (i+1)*stride : (i+1)*stride]
-		q.g.Granted, q.g.Wait, q.g.Pause, q.g.Back = r[0] == 1, time.Duration(r[1])*time.Microsecond, p, back
+		q.g.Granted, q.g.Wait, q.g.Pause, q.g.Back, q.g.Pushed = r[0] == 1, time.Duration(r[1])*time.Microsecond, p, back, pushed
 		if r[0] == 0 && r[1] == -2 {
 			q.g.Resuming, q.g.Wait = true, 0 // see Decode
 		}

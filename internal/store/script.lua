@@ -33,6 +33,14 @@
 --                 which the queue was rescaled, the rate before, and the
 --                 pause then in force, "<since> <shifted>", or "": a later
 --                 change of that pause moves the pivot with the queue;
+--   pmax          the highest priority class that took from the bucket;
+--   t<c>:<sfx>    class c's tail in the layer whose key ends in sfx (""
+--                 for the first): the tat of the queue of the classes c
+--                 and above, for c = 1 ... pmax (class 0's is the layer's
+--                 own tat, which counts every class);
+--   p<c>:<sfx>    how far takes of higher classes have pushed class c's
+--                 grants in that layer back, µs so far, c = 0 ... pmax-1;
+--   pt            when the latest push was, µs (see commit);
 --   seen          the first layer's Limit the Limiters last passed,
 --                 "<rate> <burst>"; layers, the further layers' key
 --                 suffixes; u:<id>, a Limiter that used the bucket lately,
@@ -53,7 +61,9 @@
 -- ARGV[2]     take, refund: n, the tokens to take or hand back (> 0);
 --             or, for a bucket whose layers meter different things
 --             (requests, input tokens, output tokens), one amount per
---             layer separated by spaces, each >= 0 (see amounts);
+--             layer separated by spaces, each >= 0 (see amounts); either
+--             followed by "@" and the take's priority class, 1 to 7,
+--             when it is above 0 (see classes);
 --             pause: how long, in microseconds, nothing may be granted;
 --             resuming: the instant, in microseconds, the fleet leaves
 --             its local shares after an outage;
@@ -71,7 +81,8 @@
 -- ARGV[3k+2c+1], ARGV[3k+2c+2]
 --             take for several callers at once (a batch): caller c's n and
 --             longest wait, for c = 2 ... m; caller 1's are ARGV[2] and
---             ARGV[3].
+--             ARGV[3]. A take whose ARGV are one more ends with the
+--             channel that announces its pushes (see classes).
 --
 -- The record operations:
 -- ARGV[2]     read: "<rate> <burst>" the Limiter passes; limit: the rate;
@@ -100,12 +111,16 @@
 --           more integers, the pause the takes found in force: when it
 --           began and how far it had moved the queues by then (us), or 0
 --           and 0; then k more, the layers' give-backs so far (see
---           backField).
+--           backField); then, on a bucket that priority classes took
+--           from, pmax x k more, how far pushes had moved each class's
+--           queue in each layer when the call ended, class 0's first.
 --   other layer operations: {1, 0, tats} after the operation;
 --   record operations: {now, rate, burst, since, until, seen, users, tat,
---           changed, src, pivot, prev, during, back}, strings, "" for what
---           is absent, back the layers' give-backs so far (see backField),
---           "<b_1> ... <b_k>"; users
+--           changed, src, pivot, prev, during, back, pushes}, strings, ""
+--           for what is absent, back the layers' give-backs so far (see
+--           backField), "<b_1> ... <b_k>"; pushes "<pt>" then how far
+--           pushes moved each class's queue in each layer, class 0's
+--           first, or "" on a bucket no priority class took from; users
 --           and tat (the first layer's, as it stands before a pause moved
 --           it) for status only.
 --
@@ -164,7 +179,7 @@ end
 local moved = false
 
 -- The pause and the override, as every operation needs them.
-local f = redis.call('HMGET', ctl, 'since', 'until', 'shifted', 'rate', 'burst', 'seen', 'resume')
+local f = redis.call('HMGET', ctl, 'since', 'until', 'shifted', 'rate', 'burst', 'seen', 'resume', 'pmax')
 local since, untilv, shifted = tonumber(f[1]), f[2], tonumber(f[3]) or 0
 -- After an outage, the instant the fleet leaves its local shares
 -- (resuming): until then no take is granted, whether or not its Limiter
@@ -243,6 +258,111 @@ local function floor(i, v)
   return v
 end
 
+-- Priority classes. A take may name a class, 1 to 7; one that names none
+-- is class 0. A take of class c is served before every grant of a lower
+-- class that is not yet due: it queues behind the classes c and above
+-- alone, and pushes the grants of the classes below it back by what it
+-- takes. Each class keeps its tail in each layer (t<c>:<sfx>, beside the
+-- layer's own tat, which is class 0's and counts every class), so that
+-- from the commit point on a layer's queue runs from the highest class to
+-- the lowest, first come first served within each.
+--
+-- A grant due within commit of now stands: its caller may be about to
+-- send, and an announcement would not reach it in time. So a take of
+-- class c finds the queue of the classes below it committed up to
+-- now + commit (in tat terms, now + the layer's full time + commit), and
+-- the grants of those classes due later are what it pushes: it adds what
+-- it takes to their classes' push counts (p<c>:<sfx>), announces them,
+-- and their callers asleep fall due that much later, those whose grants
+-- were due more than commit after the push (control.CommitHorizon, which
+-- the Limiters use to tell). A grant that straddles the commit point has
+-- the tokens before it already; it is pushed as a whole, since its last
+-- token is what it waits for. The grants of the classes c and above, and
+-- of class 0 when no higher class is queued, are as before.
+local commit = 100000 -- µs
+local pmax = tonumber(f[8]) or 0
+local function sfx(i)
+  return string.sub(KEYS[i], #KEYS[1] + 1)
+end
+-- tails[c][i], c = 1 ... pmax, and pushes[c][i], c = 0 ... pmax - 1, are
+-- read when an operation first needs them; nil: none (read them with
+-- loadClasses first).
+local tails, pushes
+local classesDirty = false
+local function loadClasses(upto)
+  if not tails then
+    tails, pushes = {}, {}
+    for c = 0, pmax do
+      tails[c], pushes[c] = {}, {}
+      for i = 1, k do
+        if c > 0 then
+          tails[c][i] = tonumber(redis.call('HGET', ctl, 't' .. c .. ':' .. sfx(i)))
+        end
+        if c < pmax then
+          pushes[c][i] = tonumber(redis.call('HGET', ctl, 'p' .. c .. ':' .. sfx(i))) or 0
+        end
+      end
+    end
+  end
+  for c = pmax + 1, upto do
+    tails[c] = {}
+    pushes[c - 1] = pushes[c - 1] or {}
+    for i = 1, k do
+      pushes[c - 1][i] = pushes[c - 1][i] or 0
+    end
+    pmax, classesDirty = c, true
+  end
+end
+-- moveTails sets each tail of layer i to g(tail), as a pause or a
+-- give-back moves the layer's queue.
+local function moveTails(i, g)
+  if pmax == 0 then
+    return
+  end
+  loadClasses(0)
+  for c = 1, pmax do
+    local t = tails[c][i]
+    if t then
+      local v = g(t)
+      if v ~= t then
+        tails[c][i], classesDirty = v, true
+      end
+    end
+  end
+end
+-- saveClasses writes the tails and push counts back, and the highest class.
+local function saveClasses()
+  if not classesDirty then
+    return
+  end
+  local h = {'pmax', pmax}
+  for c = 0, pmax do
+    for i = 1, k do
+      if c > 0 and tails[c][i] then
+        h[#h + 1], h[#h + 2] = 't' .. c .. ':' .. sfx(i), string.format('%d', math.ceil(tails[c][i]))
+      end
+      if c < pmax then
+        h[#h + 1], h[#h + 2] = 'p' .. c .. ':' .. sfx(i), string.format('%d', math.floor(pushes[c][i] + 0.5))
+      end
+    end
+  end
+  redis.call('HSET', ctl, unpack(h))
+end
+-- pushList returns every class's push counts, class 0's first, k each.
+local function pushList()
+  local t = {}
+  if pmax == 0 then
+    return t
+  end
+  loadClasses(0)
+  for c = 0, pmax - 1 do
+    for i = 1, k do
+      t[#t + 1] = math.floor(pushes[c][i] + 0.5)
+    end
+  end
+  return t
+end
+
 -- pauseTo makes the bucket grant nothing before e (microseconds; nil for
 -- until a resume), as src asks; a pause in force that ends later stays.
 -- It is the one place a pause moves the queue: the layers' queues move in
@@ -276,7 +396,14 @@ local function pauseTo(e, src, resume)
       write(i, v)
       r[i + 2] = v
     end
+    moveTails(i, function(t)
+      if e and t > from then
+        t = t + e - from
+      end
+      return floor(i, t)
+    end)
   end
+  saveClasses()
   if e then
     shifted = e - since
   end
@@ -354,6 +481,14 @@ if record then
     local v = ref + (b2 - math.min(tokens, b2)) / r2 * 1000000
     rates[1], fulls[1] = r2, b2 / r2 * 1000000
     write(1, floor(1, v))
+    moveTails(1, function(t)
+      if t <= ref then
+        return t
+      end
+      local held = b1 - (t - ref) / 1000000 * r1
+      return floor(1, ref + (b2 - math.min(held, b2)) / r2 * 1000000)
+    end)
+    saveClasses()
   end
 
   local r1, b1 = rates[1], fulls[1] and fulls[1] * rates[1] / 1000000
@@ -402,8 +537,12 @@ if record then
   for i = 1, k do
     back[i] = redis.call('HGET', ctl, backField(i)) or '0'
   end
+  local pushed = ''
+  if pmax > 0 then
+    pushed = (redis.call('HGET', ctl, 'pt') or '0') .. ' ' .. table.concat(pushList(), ' ')
+  end
   return {string.format('%d', now), g[1] or '', g[2] or '', g[3] or '', g[4] or '', g[5] or '', users or '', tat or '',
-    g[6] or '', g[7] or '', g[8] or '', g[9] or '', g[10] or '', table.concat(back, ' ')}
+    g[6] or '', g[7] or '', g[8] or '', g[9] or '', g[10] or '', table.concat(back, ' '), pushed}
 end
 
 -- The script runs on every request, on Redis's one thread, so the takes
@@ -417,18 +556,45 @@ if op == 'take' then
   for i = 1, k do
     tats[i] = r[i + 2]
   end
-  local reply, waited = {}, false
-  for c = 1, (#ARGV - 3 * k - 2) / 2 do
+  local callers = (#ARGV - 3 * k - 2) / 2
+  local channel -- announces the pushes (see classes)
+  if callers ~= math.floor(callers) then
+    callers = math.floor(callers)
+    channel = ARGV[#ARGV]
+  end
+  local reply, waited, pushed = {}, false, false
+  for c = 1, callers do
     local x = 2 -- where caller c's n is, its longest wait after it
     if c > 1 then
       x = 3 * k + 2 * c + 1
     end
     local need = tonumber(ARGV[x])
     local each -- one amount per layer, when need is none
+    local class = 0
     if not need then
-      each = amounts(ARGV[x])
-      if not each then
+      local amount, p = string.match(ARGV[x], '^([^@]*)@([1-7])$')
+      if amount then
+        class = tonumber(p)
+        loadClasses(class)
+      else
+        amount = ARGV[x]
+      end
+      need = tonumber(amount)
+      if not need then
+        each = amounts(amount)
+      end
+      if not need and not each then
         return redis.error_reply('quota: a take of ' .. tostring(ARGV[x]) .. ' from ' .. k .. ' layers')
+      end
+    end
+    -- from[i]: where the take queues in layer i, as a tat: behind every
+    -- class for class 0; behind the classes at and above its own, and what
+    -- is committed, for a higher class.
+    local from = {}
+    for i = 1, k do
+      from[i] = tats[i]
+      if class > 0 then
+        from[i] = math.max(tails[class][i] or now, math.min(tats[i], now + fulls[i] + commit))
       end
     end
     local longest = -math.huge
@@ -436,7 +602,7 @@ if op == 'take' then
       longest = ends - now -- nothing falls due before the pause ends
     end
     for i = 1, k do
-      local debt = tats[i] - now -- refill already promised beyond now
+      local debt = from[i] - now -- refill already promised beyond now
       if debt < 0 then
         debt = 0
       end
@@ -456,11 +622,13 @@ if op == 'take' then
       end
       reply[o + 1], reply[o + 2], waited = 0, wait, true
       for i = 1, k do
-        reply[o + 2 + i] = math.floor(tats[i])
+        reply[o + 2 + i] = math.floor(from[i])
       end
     else
       -- Every layer gives its tokens when the slowest does: a layer that
-      -- could give them sooner counts them from then, as if taken then.
+      -- could give them sooner counts them from then, as if taken then;
+      -- but a layer whose lower classes the take pushes takes them where
+      -- it queues, the commit point, which the pushes are reckoned from.
       local at = now
       if longest > 0 then
         at = now + longest
@@ -470,10 +638,40 @@ if op == 'take' then
       reply[o + 1], reply[o + 2], waited = 1, wait, waited or wait ~= 0
       for i = 1, k do
         local n = need or each[i]
+        local v = from[i]
         if n > 0 then
-          tats[i] = math.max(tats[i], at) + n / rates[i] * 1000000
+          local d = n / rates[i] * 1000000
+          if class > 0 and tats[i] > now + fulls[i] + commit then
+            v = math.max(from[i], now) + d
+            for lower = 0, class - 1 do
+              local t = tats[i]
+              if lower > 0 then
+                t = tails[lower][i] or now
+              end
+              if t > now + fulls[i] + commit then
+                t = t + d
+                pushes[lower][i], pushed = pushes[lower][i] + d, true
+              else
+                t = math.max(t, v)
+              end
+              if lower == 0 then
+                tats[i] = t
+              else
+                tails[lower][i] = t
+              end
+            end
+          else
+            v = math.max(from[i], at) + d
+            tats[i] = math.max(tats[i], v)
+            for lower = 1, class - 1 do
+              tails[lower][i] = v
+            end
+          end
+          if class > 0 then
+            tails[class][i], classesDirty = v, true
+          end
         end
-        reply[o + 2 + i] = math.floor(tats[i])
+        reply[o + 2 + i] = math.floor(v)
       end
     end
   end
@@ -481,6 +679,25 @@ if op == 'take' then
     if tats[i] ~= r[i + 2] then
       write(i, tats[i])
     end
+  end
+  if classesDirty then
+    saveClasses()
+    if pushed then
+      redis.call('HSET', ctl, 'pt', string.format('%d', now))
+      if channel and channel ~= '' then
+        -- "p", when, each class's push counts in each layer as
+        -- "<class>:<suffix>=<us>", a newline, then the bucket's key: the
+        -- callers asleep in the lower classes go later.
+        local parts = {'p', string.format('%d', now)}
+        for lower = 0, pmax - 1 do
+          for i = 1, k do
+            parts[#parts + 1] = lower .. ':' .. sfx(i) .. '=' .. string.format('%d', math.floor(pushes[lower][i] + 0.5))
+          end
+        end
+        redis.call('PUBLISH', channel, table.concat(parts, ' ') .. '\n' .. KEYS[1])
+      end
+    end
+    expire()
   end
   if waited then
     -- The pause the takes found, for the callers that sleep on their
@@ -495,15 +712,21 @@ if op == 'take' then
     for i = 1, k do
       reply[#reply + 1] = tonumber(redis.call('HGET', ctl, backField(i))) or 0
     end
+    for _, v in ipairs(pushList()) do
+      reply[#reply + 1] = v
+    end
     return reply
   end
   return 0
 end
 
-local n = tonumber(ARGV[2])
+-- A refund or an adjust of a take of a priority class names the class
+-- too, which they do not need: their tokens are the layers'.
+local arg2 = string.gsub(ARGV[2], '@[1-7]$', '')
+local n = tonumber(arg2)
 local each -- refund, adjust, lower: one amount per layer, when n is none
 if not n and (op == 'refund' or op == 'adjust' or op == 'lower') then
-  each = amounts(ARGV[2], op ~= 'refund')
+  each = amounts(arg2, op ~= 'refund')
   if not each then
     return redis.error_reply('quota: ' .. op .. ' of ' .. tostring(ARGV[2]) .. ' from ' .. k .. ' layers')
   end
@@ -570,6 +793,9 @@ for i = 1, k do
     local mine = tonumber(ARGV[3 * i + 4])
     if tat >= mine then
       v = floor(i, tat - math.max(n / rate * 1000000 - (tat - mine), 0))
+      moveTails(i, function(t)
+        return math.min(t, v) -- no class's tail stays beyond the layer's
+      end)
     end
   elseif op == 'lower' then
     local burst = fulls[i] * rate / 1000000
@@ -600,12 +826,16 @@ for i = 1, k do
   end
   if op == 'adjust' and v < tat then
     -- A give-back moves the layer's queue: the callers asleep in it may
-    -- go that much sooner (see back).
+    -- go that much sooner (see back); no class's tail stays beyond it.
     redis.call('HINCRBY', ctl, backField(i), math.floor(tat - v))
     moved = true
+    moveTails(i, function(t)
+      return math.min(t, v)
+    end)
   end
   r[i + 2] = math.floor(v)
 end
+saveClasses()
 if moved then
   expire()
   local channel = ARGV[3 * k + 6]

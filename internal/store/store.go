@@ -181,6 +181,7 @@ type Grant struct {
 	Tats     []int64       // µs, a layer each; identify the take for its refund (nil without a wait)
 	Pause    Pause         // the pause in force when the take ran (zero without a wait)
 	Back     []int64       // the layers' give-backs when the take ran, µs (see script.lua); nil without a wait
+	Pushed   []int64       // how far pushes had moved each class's queue in each layer, class 0's first, k each; nil on a bucket no class above 0 took from
 	Trips    int           // the Redis round trips of its call
 	Size     int           // the takes its call served, when takes share calls; 0 otherwise or when none was sent
 }
@@ -200,9 +201,13 @@ func (g Grant) TakenAt(b Bucket) int64 {
 // layer or, when Each is set, Each[i] of layer i (a bucket whose layers
 // meter different things: requests, input tokens, output tokens).
 type Cost struct {
-	N    float64
-	Each []float64 // nil, or one per layer
+	N     float64
+	Each  []float64 // nil, or one per layer
+	Class int       // the take's priority class, 0 to MaxClass (see script.lua)
 }
+
+// MaxClass is the highest priority class.
+const MaxClass = 7
 
 // Tokens returns the Cost of n of every layer.
 func Tokens(n float64) Cost { return Cost{N: n} }
@@ -232,7 +237,11 @@ func (s *Store) Take(ctx context.Context, b Bucket, n Cost, maxWait time.Duratio
 
 // takeOne takes n from the layers of b in a call of its own.
 func (s *Store) takeOne(ctx context.Context, b Bucket, n Cost, maxWait time.Duration) (Grant, error) {
-	cmd, trips := s.run(ctx, b, "take", s.argv.cost(n), s.argv.micros(maxWait.Microseconds()), nil)
+	args := s.args(b, "take", s.argv.cost(n), s.argv.micros(maxWait.Microseconds()), nil, 1)
+	if n.Class > 0 {
+		args = append(args, s.channel) // announces the take's pushes
+	}
+	cmd, trips := s.script.Run(ctx, b.Call, args...)
 	if err := cmd.Err(); err != nil {
 		return Grant{Trips: trips, Size: 1}, err
 	}
@@ -252,7 +261,11 @@ func (s *Store) takeOne(ctx context.Context, b Bucket, n Cost, maxWait time.Dura
 // every layer of b with a longest wait of maxWait, for a script that runs
 // this one's (internal/slots), and whose reply Decode reads.
 func (s *Store) TakeCall(b Bucket, n Cost, maxWait time.Duration) (keys []string, args []any) {
-	return b.Call, s.args(b, "take", s.argv.cost(n), s.argv.micros(maxWait.Microseconds()), nil, 0)
+	args = s.args(b, "take", s.argv.cost(n), s.argv.micros(maxWait.Microseconds()), nil, 1)
+	if n.Class > 0 {
+		args = append(args, s.channel)
+	}
+	return b.Call, args
 }
 
 // Source returns the bucket script's source, without the prelude.
@@ -265,19 +278,24 @@ func Decode(b Bucket, v []int64) (Grant, error) {
 		return Grant{Granted: true}, nil
 	}
 	k := len(b.Keys)
-	if len(v) != 2+k+2+k {
+	rest := len(v) - (2 + k + 2 + k)
+	if rest < 0 || rest%k != 0 || rest > MaxClass*k {
 		return Grant{}, fmt.Errorf("%w: %v", redisx.ErrReply, v)
 	}
-	if v[0] == 0 && v[1] == -2 {
-		return Grant{Resuming: true, Tats: v[2 : 2+k : 2+k], Pause: Pause{Since: v[2+k], Shifted: v[3+k]}, Back: v[4+k:]}, nil
-	}
-	return Grant{
+	g := Grant{
 		Granted: v[0] == 1,
 		Wait:    time.Duration(v[1]) * time.Microsecond,
 		Tats:    v[2 : 2+k : 2+k],
 		Pause:   Pause{Since: v[2+k], Shifted: v[3+k]},
-		Back:    v[4+k:],
-	}, nil
+		Back:    v[4+k : 4+2*k : 4+2*k],
+	}
+	if rest > 0 {
+		g.Pushed = v[4+2*k:]
+	}
+	if v[0] == 0 && v[1] == -2 {
+		g.Resuming, g.Wait = true, 0
+	}
+	return g, nil
 }
 
 // Refund hands back n of a take identified by its tats.
@@ -437,17 +455,25 @@ func (c *argvCache) tokens(n float64) any {
 	return redisx.Num(n)
 }
 
-// cost returns n as the script reads it: one number, or one per layer.
+// cost returns n as the script reads it: one number, or one per layer,
+// then "@" and its class when that is above 0.
 func (c *argvCache) cost(n Cost) any {
-	if n.Each == nil {
+	if n.Each == nil && n.Class == 0 {
 		return c.tokens(n.N)
 	}
-	b := make([]byte, 0, 8*len(n.Each))
+	b := make([]byte, 0, 8*max(len(n.Each), 1)+2)
+	if n.Each == nil {
+		b = append(b, redisx.Num(n.N)...)
+	}
 	for i, x := range n.Each {
 		if i > 0 {
 			b = append(b, ' ')
 		}
 		b = append(b, redisx.Num(x)...)
+	}
+	if n.Class > 0 {
+		b = append(b, '@')
+		b = strconv.AppendInt(b, int64(n.Class), 10)
 	}
 	return string(b)
 }
