@@ -35,10 +35,11 @@ type ask struct {
 	lims   []Limit
 	slots  int
 	noWait bool
+	class  int // the priority; below zero: the context's (see ContextWithPriority)
 }
 
 // cost returns what o asks of the bucket's layers.
-func (o ask) cost() store.Cost { return store.Cost{N: o.n, Each: o.each} }
+func (o ask) cost() store.Cost { return store.Cost{N: o.n, Each: o.each, Class: o.class} }
 
 // acquire serves an ask on the bucket called name: the one acquisition
 // path. It takes the slot first and then the tokens, so that the grant is
@@ -48,8 +49,11 @@ func (o ask) cost() store.Cost { return store.Cost{N: o.n, Each: o.each} }
 // would have done and returns at once, with an error only when ctx has
 // ended, holding a slot only if one was free.
 func (l *Limiter) acquire(ctx context.Context, name string, o ask) (_ *Slot, err error) {
+	if o.class < 0 {
+		o.class = priorityOf(ctx)
+	}
 	ctx, span := l.obs.start(ctx, name, o.n)
-	span.mode, span.dryRun = l.mode(), l.cfg.dryRun
+	span.mode, span.dryRun, span.priority = l.mode(), l.cfg.dryRun, o.class
 	defer func() {
 		span.end(err)
 		if span.dryRun && err != nil && outcome(err) != outcomeCancelled {
@@ -57,6 +61,9 @@ func (l *Limiter) acquire(ctx context.Context, name string, o ask) (_ *Slot, err
 		}
 	}()
 
+	if o.class < 0 || o.class > MaxPriority {
+		return nil, fmt.Errorf("%w: %d, want 0 to %d", ErrInvalidPriority, o.class, MaxPriority)
+	}
 	b, err := l.bucket(name, o.lims, o.meters...)
 	if err != nil {
 		return nil, err

@@ -152,6 +152,10 @@ func (l *Limiter) sleepOn(ctx context.Context, b bucket, g store.Grant, n store.
 	}
 	takenAt := g.TakenAt(b.Bucket)
 	sooner := l.backOff(b, g, n, replied)
+	later := pushedBack(b, g, n)
+	if l.noPushes {
+		later = func(_ *control.State, due time.Time) time.Time { return due }
+	}
 	// A sleep long enough for a read of the record to matter, or one that
 	// a pause holds, registers: the Limiter reads the record every
 	// control.WaitRefresh meanwhile. A shorter one learns of a change from its
@@ -166,7 +170,7 @@ func (l *Limiter) sleepOn(ctx context.Context, b bucket, g store.Grant, n store.
 	// when returns when the grant falls due under st, false while a pause
 	// with no end holds it.
 	when := func(st *control.State) (time.Time, bool) {
-		at, ends := st.Hold(sooner(st, due), takenAt, control.Pause(g.Pause))
+		at, ends := st.Hold(later(st, sooner(st, due)), takenAt, control.Pause(g.Pause))
 		if !ends {
 			return at, false
 		}
@@ -263,6 +267,78 @@ func (l *Limiter) backOff(b bucket, g store.Grant, n store.Cost, replied time.Ti
 		}
 		if moved.IsZero() || moved.After(due) {
 			return due
+		}
+		return moved
+	}
+}
+
+// pushMargin widens control.CommitHorizon for the clocks: a caller
+// counts a push as its own if its grant was due later than the horizon
+// less pushMargin after it. Counting one the script did not make only
+// sends the request a little later; missing one would send it early.
+const pushMargin = 25 * time.Millisecond
+
+// pushedBack returns what moves the due time of grant g, a take of n from
+// b, by what takes of higher priority classes have pushed n's class back
+// since: each layer the take asked of falls due that much later, and the
+// grant when the last of them does. A push counts for a layer whose part
+// of the grant was due more than the commit horizon after it (see
+// control.CommitHorizon); from the first one that does not, the grant
+// stands, and later pushes pass it by. The pushes count from those the
+// take's reply found (g.Pushed). It keeps what it has counted: call it with
+// the states in the order read.
+func pushedBack(b bucket, g store.Grant, n store.Cost) func(*control.State, time.Time) time.Time {
+	k := len(b.Keys)
+	if b.ctl == nil || len(g.Tats) != k {
+		return func(_ *control.State, due time.Time) time.Time { return due }
+	}
+	suffixes := make([]string, k)
+	lags := make([]time.Duration, k) // how long before the grant layer i falls due
+	last := int64(math.MinInt64)
+	for i, lim := range b.Lims {
+		suffixes[i] = b.Keys[i][len(b.Keys[0]):]
+		last = max(last, g.Tats[i]-int64(lim.Burst/lim.Rate*1e6))
+	}
+	for i, lim := range b.Lims {
+		lags[i] = time.Duration(last-(g.Tats[i]-int64(lim.Burst/lim.Rate*1e6))) * time.Microsecond
+	}
+	seen := make([]int64, k)    // the push counts counted from, µs
+	applied := make([]int64, k) // what they moved each layer, µs
+	stood := make([]bool, k)    // the layer's part stands: no push moves it now
+	if c := n.Class; len(g.Pushed) >= (c+1)*k {
+		copy(seen, g.Pushed[c*k:(c+1)*k])
+	}
+	var counted *control.State
+	return func(st *control.State, due time.Time) time.Time {
+		if st != counted {
+			counted = st
+			for i := range k {
+				if n.Of(i) <= 0 || stood[i] {
+					continue
+				}
+				count, at, ok := b.ctl.Pushed(st, n.Class, suffixes[i])
+				switch {
+				case !ok || count <= seen[i]:
+					// nothing new (or a read sent before the take)
+				default:
+					layerDue := due.Add(-lags[i] + time.Duration(applied[i])*time.Microsecond)
+					if layerDue.After(at.Add(control.CommitHorizon - pushMargin)) {
+						applied[i] += count - seen[i]
+					} else {
+						stood[i] = true
+					}
+					seen[i] = count
+				}
+			}
+		}
+		moved := due
+		for i := range k {
+			if applied[i] == 0 {
+				continue
+			}
+			if at := due.Add(-lags[i] + time.Duration(applied[i])*time.Microsecond); at.After(moved) {
+				moved = at
+			}
 		}
 		return moved
 	}

@@ -26,6 +26,9 @@ var (
 	// ErrInvalidKey reports an empty bucket name or a KeyFunc that failed.
 	ErrInvalidKey = errors.New("quota: invalid key")
 
+	// ErrInvalidPriority reports a priority outside 0 to MaxPriority.
+	ErrInvalidPriority = errors.New("quota: invalid priority")
+
 	// ErrUnavailable reports that Redis could not be reached or could not
 	// serve the request, and the Policy refused the request.
 	ErrUnavailable = errors.New("quota: redis unavailable")
@@ -88,6 +91,7 @@ var sentinels = []struct {
 	{ErrInvalidTokens, "invalid_tokens", outcomeError, true},
 	{ErrExceedsBurst, "exceeds_burst", outcomeError, true},
 	{ErrInvalidKey, "invalid_key", outcomeError, true},
+	{ErrInvalidPriority, "invalid_priority", outcomeError, true},
 	{context.Canceled, "canceled", outcomeCancelled, false},
 	{context.DeadlineExceeded, "deadline_exceeded", outcomeCancelled, false},
 }

@@ -186,6 +186,7 @@ type dueRecord struct {
 	Replied time.Time     // and when its reply arrived
 	Now     time.Time     // the script's now, when the take carried the caller's clock (WithClock)
 	Behind  time.Duration // how far the clock the script read runs behind this machine's; the caller sets it
+	Asked   time.Time     // when the caller asked, if later than the swarm's call (workerSpec.Rest)
 
 	granted chan struct{} // closed at the first granted take
 }

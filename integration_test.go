@@ -59,6 +59,8 @@ type stamp struct {
 	// Behind is how far the script's clock ran behind this machine's
 	// (WithClock).
 	Behind time.Duration
+	// Asked is when the caller asked for it.
+	Asked time.Time
 	// Woke is when the acquisition returned to its caller.
 	Woke time.Time
 }
@@ -82,13 +84,17 @@ func swarm(ctx context.Context, goroutines int, start time.Time, d time.Duration
 			time.Sleep(time.Until(start))
 			for time.Now().Before(end) {
 				actx, rec := withDueRecord(ctx)
+				asked := time.Now()
 				if err := acquire(actx); err != nil {
 					if err != errSwarmEnded {
 						errs <- err
 					}
 					return
 				}
-				s := stamp{Due: rec.Due, Waited: rec.Waited, Behind: rec.Behind, Woke: time.Now()}
+				if rec.Asked.After(asked) {
+					asked = rec.Asked
+				}
+				s := stamp{Due: rec.Due, Waited: rec.Waited, Behind: rec.Behind, Asked: asked, Woke: time.Now()}
 				if !rec.Waited {
 					s.Early = rec.Replied.Sub(rec.Sent)
 				}
@@ -695,6 +701,12 @@ type workerSpec struct {
 	// OwnPrefix gives each worker a prefix of its own: per-process
 	// limiters, which share nothing.
 	OwnPrefix bool
+	// Priority is the priority of the worker's acquisitions (WaitN).
+	Priority int
+	// Rest, when above zero, is how long each goroutine rests between its
+	// requests, as Think, but before the next one: the time a request
+	// waited counts from its ask (stamp.Asked), after the rest.
+	Rest time.Duration
 }
 
 // llmLimits are the token limits of an LLM profile.
@@ -847,7 +859,12 @@ func (spec workerSpec) acquirer(rdb redis.UniversalClient) (acquireFunc, *Limite
 		}, tr.Limiter()
 	default:
 		l := NewLimiter(rdb, spec.limiterOptions()...)
-		return func(ctx context.Context) error { return l.WaitN(ctx, spec.Key, cost, spec.Limit, spec.Layers...) }, l
+		return func(ctx context.Context) error {
+			if spec.Priority > 0 {
+				ctx = ContextWithPriority(ctx, spec.Priority)
+			}
+			return l.WaitN(ctx, spec.Key, cost, spec.Limit, spec.Layers...)
+		}, l
 	}
 }
 
@@ -900,6 +917,17 @@ func runWorker() int {
 				return errSwarmEnded
 			}
 			return err
+		}
+	}
+	if spec.Rest > 0 {
+		inner := acquire
+		var calls atomic.Int64
+		acquire = func(actx context.Context) error {
+			if calls.Add(1) > int64(spec.Goroutines) {
+				time.Sleep(spec.Rest) // after the goroutine's request before
+			}
+			dueRecordOf(actx).Asked = time.Now()
+			return inner(actx)
 		}
 	}
 	if spec.Think > 0 {

@@ -36,6 +36,7 @@ type Limiter struct {
 	breaker  *breaker.Breaker
 	handOver bool // FallbackLocal's coordinated resume (off only in tests)
 	noJoin   bool // tests only: takes no part in a hand-over it did not see (see joins)
+	noPushes bool // tests only: its sleepers ignore the pushes of higher priorities (see pushedBack)
 	locals   local.Shares
 	workers  local.Workers
 	updates  updates
@@ -166,7 +167,7 @@ func (l *Limiter) Wait(ctx context.Context, name string, lim Limit) error {
 // error matching ErrInvalidLimit, ErrInvalidTokens, ErrExceedsBurst or
 // ErrInvalidKey. While Redis is unavailable, the Limiter's Policy decides.
 func (l *Limiter) WaitN(ctx context.Context, name string, n float64, lim Limit, layers ...Limit) error {
-	_, err := l.acquire(ctx, name, ask{n: n, lims: limits(lim, layers)})
+	_, err := l.acquire(ctx, name, ask{n: n, lims: limits(lim, layers), class: -1})
 	return err
 }
 
@@ -186,7 +187,7 @@ func (l *Limiter) Allow(ctx context.Context, name string, lim Limit) (bool, erro
 // with an error matching ErrUnavailable, and FallbackLocal whether this
 // process's local share has the tokens now.
 func (l *Limiter) AllowN(ctx context.Context, name string, n float64, lim Limit, layers ...Limit) (bool, error) {
-	_, err := l.acquire(ctx, name, ask{n: n, lims: limits(lim, layers), noWait: true})
+	_, err := l.acquire(ctx, name, ask{n: n, lims: limits(lim, layers), noWait: true, class: -1})
 	if errors.Is(err, ErrWouldWait) {
 		return false, nil
 	}
@@ -198,8 +199,11 @@ func (l *Limiter) AllowN(ctx context.Context, name string, n float64, lim Limit,
 // newline and a bucket's key: the concurrency slots of that bucket handed
 // to those waiters, with the grants of their tokens; or "b" and each
 // layer's "<suffix>=<µs>", a newline and a bucket's key: how far settles
-// have moved its layers' queues back (see Controls.GaveBack). A Limiter
-// listens on that one channel while it is in use (see redisx.Listener).
+// have moved its layers' queues back (see Controls.GaveBack); or "p", when,
+// and each class's "<class>:<suffix>=<µs>", a newline and a bucket's key:
+// how far takes of higher classes have pushed its lower classes' queues
+// (see Controls.Pushed). A Limiter listens on that one channel while it
+// is in use (see redisx.Listener).
 func (l *Limiter) announced(payload string) {
 	if rest, ok := strings.CutPrefix(payload, "s "); ok {
 		if ids, key, ok := strings.Cut(rest, "\n"); ok {
@@ -210,6 +214,12 @@ func (l *Limiter) announced(payload string) {
 	if rest, ok := strings.CutPrefix(payload, "b "); ok {
 		if backs, key, ok := strings.Cut(rest, "\n"); ok {
 			l.controls.GaveBack(key, backs)
+		}
+		return
+	}
+	if rest, ok := strings.CutPrefix(payload, "p "); ok {
+		if pushes, key, ok := strings.Cut(rest, "\n"); ok {
+			l.controls.Pushed(key, pushes)
 		}
 		return
 	}

@@ -60,6 +60,7 @@ func meterAsk(meters []Meter, use Usage) (ask, error) {
 		each:   make([]float64, len(meters)),
 		meters: make([]string, len(meters)),
 		lims:   make([]Limit, len(meters)),
+		class:  -1,
 	}
 	for i, m := range meters {
 		if err := store.CheckMeter(m.Name); err != nil {

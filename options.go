@@ -77,6 +77,7 @@ type config struct {
 	concurrency     int
 	slotLinger      time.Duration // below zero: the bucket's observed p99
 	metering        *metering
+	priority        func(*http.Request) int
 
 	limiterOpts int // Options given, which WithLimiter refuses beside it
 }

@@ -36,6 +36,7 @@ const (
 	attrSlotState  = attribute.Key("quota.slot.state")
 	attrSlotEvent  = attribute.Key("quota.slot.event")
 	attrDryRun     = attribute.Key("quota.dry_run")
+	attrPriority   = attribute.Key("quota.priority")
 	attrErrorType  = attribute.Key("error.type")
 )
 
@@ -177,6 +178,8 @@ type waitSpan struct {
 	// have had instead of the time it took.
 	dryRun bool
 	wait   time.Duration
+
+	priority int // recorded when above 0
 }
 
 func (o *observer) start(ctx context.Context, name string, n float64) (context.Context, waitSpan) {
@@ -208,6 +211,9 @@ func (s *waitSpan) end(err error) {
 	if s.dryRun {
 		waited = s.wait.Seconds()
 		attrs = append(attrs, attrDryRun.Bool(true))
+	}
+	if s.priority > 0 {
+		attrs = append(attrs, attrPriority.Int(s.priority))
 	}
 	if s.o.keys {
 		attrs = append(attrs, attrKey.String(s.name))

@@ -65,7 +65,7 @@ func NewTransport(rdb redis.Scripter, lim Limit, opts ...TransportOption) *Trans
 	shared.limiter, shared.base, shared.key, shared.limits, shared.layers = l, cfg.base, cfg.key, cfg.limits, cfg.layers
 	shared.cost, shared.settle, shared.maxPause, shared.noWait = cfg.cost, cfg.settle, cfg.maxPause, cfg.noWait
 	shared.providerHeaders, shared.concurrency, shared.slotLinger = cfg.providerHeaders, cfg.concurrency, cfg.slotLinger
-	shared.metering = cfg.metering
+	shared.metering, shared.priority = cfg.metering, cfg.priority
 	return &Transport{limiter: l, cfg: shared, limit: lim}
 }
 
@@ -91,13 +91,16 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if t.cfg.cost != nil {
 		cost = t.cfg.cost(req)
 	}
-	o := ask{n: cost, lims: lims, slots: t.cfg.concurrency, noWait: t.cfg.noWait}
+	o := ask{n: cost, lims: lims, slots: t.cfg.concurrency, noWait: t.cfg.noWait, class: -1}
 	sent := req
 	if t.cfg.metering != nil {
 		if o, sent, err = t.meterAsk(req, o); err != nil {
 			closeBody(req)
 			return nil, err
 		}
+	}
+	if t.cfg.priority != nil {
+		o.class = t.cfg.priority(req)
 	}
 	slot, err := t.limiter.acquire(req.Context(), name, o)
 	if err != nil {
