@@ -253,8 +253,8 @@ func (f fakeScripts) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 		c.SetVal([]any{int64(1), int64(1), int64(1), int64(0), int64(0), int64(0)})
 		if args := c.Args(); len(args) > 3 {
 			if numkeys, err := strconv.Atoi(fmt.Sprint(args[2])); err == nil && len(args) > 3+numkeys && fmt.Sprint(args[3+numkeys]) == "read" {
-				c.SetVal(make([]any, 14))
-				for i := range 14 {
+				c.SetVal(make([]any, 15))
+				for i := range 15 {
 					c.Val().([]any)[i] = ""
 				}
 			}
