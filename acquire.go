@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"time"
 
@@ -35,11 +36,14 @@ type ask struct {
 	lims   []Limit
 	slots  int
 	noWait bool
-	class  int // the priority; below zero: the context's (see ContextWithPriority)
+	class  int       // the priority; below zero: the context's (see ContextWithPriority)
+	shares []float64 // the priorities' minimum shares (see WithMinShare)
 }
 
 // cost returns what o asks of the bucket's layers.
-func (o ask) cost() store.Cost { return store.Cost{N: o.n, Each: o.each, Class: o.class} }
+func (o ask) cost() store.Cost {
+	return store.Cost{N: o.n, Each: o.each, Class: o.class, Shares: o.shares}
+}
 
 // acquire serves an ask on the bucket called name: the one acquisition
 // path. It takes the slot first and then the tokens, so that the grant is
@@ -52,6 +56,7 @@ func (l *Limiter) acquire(ctx context.Context, name string, o ask) (_ *Slot, err
 	if o.class < 0 {
 		o.class = priorityOf(ctx)
 	}
+	o.shares = l.cfg.minShares
 	ctx, span := l.obs.start(ctx, name, o.n)
 	span.mode, span.dryRun, span.priority = l.mode(), l.cfg.dryRun, o.class
 	defer func() {
@@ -214,6 +219,26 @@ func (l *Limiter) granted(ctx context.Context, span *waitSpan, b bucket, o ask, 
 		}
 		return false, nil
 	}
+	if g.Crowded {
+		// The take would push a lower priority past its minimum share
+		// (WithMinShare): it asks again once the share has room, later by
+		// up to half as much again, so that the callers refused together
+		// do not all ask at once.
+		switch {
+		case o.noWait:
+			return true, fmt.Errorf("%w: %q's lower priorities are at their minimum share for %v", ErrWouldWait, name, g.Wait)
+		case deadline && g.Wait > maxWait:
+			return true, fmt.Errorf("%w: %q's lower priorities are at their minimum share for %v", ErrWouldExceedDeadline, name, g.Wait)
+		case span.dryRun:
+			span.wait = g.Wait
+			return true, nil
+		}
+		wait := max(g.Wait, minCrowded)
+		if err := sleep(ctx, min(wait+rand.N(wait/2), maxWait)); err != nil {
+			return true, err
+		}
+		return false, nil
+	}
 	if g.Wait < 0 {
 		// Paused until a resume, which the Limiter had not heard of: it
 		// reads the record, and waits for the pause as the callers after
@@ -266,6 +291,10 @@ func (l *Limiter) recordFailure(ctx context.Context, err error) {
 	span.mode, span.dryRun = l.mode(), l.cfg.dryRun
 	span.end(err)
 }
+
+// minCrowded is the least a take that a minimum share refused sleeps
+// before it asks again.
+const minCrowded = 5 * time.Millisecond
 
 // errAskAgain tells acquire that the policy slept MaxWait without granting.
 var errAskAgain = errors.New("quota: ask again")

@@ -703,6 +703,8 @@ type workerSpec struct {
 	OwnPrefix bool
 	// Priority is the priority of the worker's acquisitions (WaitN).
 	Priority int
+	// MinShare, when above zero, is WithMinShare(0, MinShare).
+	MinShare float64
 	// Rest, when above zero, is how long each goroutine rests between its
 	// requests, as Think, but before the next one: the time a request
 	// waited counts from its ask (stamp.Asked), after the rest.
@@ -755,6 +757,9 @@ func (spec workerSpec) limiterOptions() []Option {
 	}
 	if spec.SlotLease > 0 {
 		opts = append(opts, WithSlotLease(spec.SlotLease))
+	}
+	if spec.MinShare > 0 {
+		opts = append(opts, WithMinShare(0, spec.MinShare))
 	}
 	if spec.OwnPrefix {
 		opts = append(opts, WithPrefix(fmt.Sprintf("quota:%d:", os.Getpid())))

@@ -62,6 +62,7 @@ type config struct {
 	metricKeys     bool
 	name           string
 	slotLease      time.Duration
+	minShares      []float64 // by priority; nil: none
 
 	// Transport
 	limiter         *Limiter // shared; nil: the Transport's own

@@ -2,6 +2,7 @@ package quota
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 
 	"github.com/sharedquota/quota/internal/store"
@@ -33,6 +34,36 @@ func WithPriority(f func(*http.Request) int) TransportOption {
 		panic("quota: WithPriority(nil)")
 	}
 	return transportOpt(func(c *config) { c.priority = f })
+}
+
+// WithMinShare gives priority p a minimum share of the rate, between 0
+// and 1: while p has a queue, the higher priorities push its grants back
+// by at most 1 - share of the time that passes, so that p's requests,
+// together, are granted at least share of the rate, however many requests
+// of higher priorities arrive. A request of a higher priority that would
+// push p past that takes nothing and asks again when the share has room
+// (a few milliseconds later, as a rule), so that such requests are not
+// served in arrival order among themselves. Without WithMinShare, a
+// priority uses what those above it leave, and may wait for as long as
+// they keep the bucket busy.
+//
+// The share is the Limiter's: give every Limiter of the fleet the same.
+// Several priorities may have one each. It panics if p is not below
+// MaxPriority (no priority is above MaxPriority to push it) or share is
+// not above 0 and below 1.
+func WithMinShare(p int, share float64) Option {
+	if p < 0 || p >= MaxPriority {
+		panic(fmt.Sprintf("quota: WithMinShare(%d, ...): a minimum share is for a priority from 0 to %d", p, MaxPriority-1))
+	}
+	if !(share > 0 && share < 1) {
+		panic(fmt.Sprintf("quota: WithMinShare(%d, %v): the share must be above 0 and below 1", p, share))
+	}
+	return limiterOpt(func(c *config) {
+		shares := make([]float64, MaxPriority)
+		copy(shares, c.minShares)
+		shares[p] = share
+		c.minShares = shares
+	})
 }
 
 type priorityKey struct{}

@@ -3,11 +3,15 @@ package quota
 import (
 	"context"
 	"errors"
+	"math"
 	"net/http"
 	"slices"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"go.opentelemetry.io/otel/attribute"
 
 	"github.com/sharedquota/quota/internal/redistest"
@@ -143,6 +147,17 @@ func TestPriorityMeets(t *testing.T) {
 			t.Errorf("Allow at priority 3 in a pause: %v, %v; want refused", ok, err)
 		}
 	})
+	t.Run("invalid minimum shares", func(t *testing.T) {
+		mustPanic(t, "WithMinShare(MaxPriority, 0.1)", func() { WithMinShare(MaxPriority, 0.1) })
+		mustPanic(t, "WithMinShare(-1, 0.1)", func() { WithMinShare(-1, 0.1) })
+		mustPanic(t, "WithMinShare(0, 0)", func() { WithMinShare(0, 0) })
+		mustPanic(t, "WithMinShare(0, 1)", func() { WithMinShare(0, 1) })
+		mustPanic(t, "WithMinShare(0, NaN)", func() { WithMinShare(0, math.NaN()) })
+		c := newConfig([]TransportOption{WithMinShare(0, 0.1), WithMinShare(2, 0.2)})
+		if want := []float64{0.1, 0, 0.2, 0, 0, 0, 0}; !slices.Equal(c.minShares, want) {
+			t.Errorf("two minimum shares give %v, want %v", c.minShares, want)
+		}
+	})
 	t.Run("invalid", func(t *testing.T) {
 		_, rdb := limiterServer(t)
 		l := NewLimiter(rdb)
@@ -263,4 +278,94 @@ func TestPushReachesSleepers(t *testing.T) {
 			}
 		})
 	}
+}
+
+// runMinShare runs 3 batch processes of 30 goroutines each on a 20/s
+// bucket for 12 s, and from 1 s on a fourth process whose 30 goroutines
+// flood it at priority 5 for 10 s, every Limiter with share as priority
+// 0's minimum share (none when 0). It returns the batch's part of the
+// grants from 3 s to 10 s, the flood's steady state, and the most
+// requests that returned in any 1 s.
+func runMinShare(t *testing.T, key string, share float64) (part float64, busiest int) {
+	t.Helper()
+	lim := Limit{Rate: 20, Burst: 5}
+	srv := redistest.Start(t)
+	batch := startWorkers(t, 3, workerSpec{Addr: srv.Addr(), Key: key, Limit: lim, Goroutines: 30,
+		Duration: 12 * time.Second, MinShare: share})
+	time.Sleep(time.Until(batch.start.Add(time.Second)))
+	flood := startWorkers(t, 1, workerSpec{Addr: srv.Addr(), Key: key, Limit: lim, Goroutines: 30,
+		Duration: 10 * time.Second, Priority: 5, MinShare: share})
+	freps := flood.wait(t)
+	breps := batch.wait(t)
+	calls := scriptCalls(t, srv.Client(t))
+	from, to := batch.start.Add(3*time.Second), batch.start.Add(10*time.Second)
+	count := func(reps []workerReport) int {
+		n := 0
+		for _, s := range mergeStamps(reps) {
+			if !s.Woke.Before(from) && s.Woke.Before(to) {
+				n++
+			}
+		}
+		return n
+	}
+	b, f := count(breps), count(freps)
+	busiest = maxInWindow(wakes(mergeStamps(append(breps, freps...))), time.Second)
+	t.Logf("minimum share %v: from 3 s to 10 s the batch was granted %d, the flood at priority 5 %d (batch %.1f%%); busiest 1s %d (bound %d); %.1f script calls a grant",
+		share, b, f, 100*float64(b)/float64(b+f), busiest, bound(lim, time.Second), float64(calls)/float64(len(mergeStamps(append(breps, freps...)))))
+	if perGrant := float64(calls) / float64(len(mergeStamps(append(breps, freps...)))); perGrant > 10 {
+		t.Errorf("%.1f script calls a grant, want at most 10: a take the share refuses sleeps until it has room", perGrant)
+	}
+	if b+f == 0 {
+		t.Fatal("nothing was granted from 3 s to 10 s")
+	}
+	if bd := bound(lim, time.Second); busiest > bd {
+		t.Errorf("%d requests in the busiest second, want at most %d (Burst + Rate)", busiest, bd)
+	}
+	if want := int(0.9 * lim.Rate * to.Sub(from).Seconds()); b+f < want {
+		t.Errorf("%d requests from 3 s to 10 s, want at least %d: the fleet stays at the rate", b+f, want)
+	}
+	return float64(b) / float64(b+f), busiest
+}
+
+// Under a flood of priority 5, five times the rate in goroutines, a
+// batch at priority 0 given a minimum share of 10% gets it.
+func TestMinShareHoldsUnderAFlood(t *testing.T) {
+	redistest.Long(t)
+	t.Parallel()
+	if part, _ := runMinShare(t, "min-share", 0.1); part < 0.08 || part > 0.2 {
+		t.Errorf("the batch got %.1f%% of the grants under the flood, want its minimum share, 10%% (8%% to 20%%)", 100*part)
+	}
+}
+
+// The negative control: without the share, the flood starves the batch.
+func TestMinShareHoldsUnderAFloodCatchesStarvation(t *testing.T) {
+	redistest.Long(t)
+	t.Parallel()
+	if part, _ := runMinShare(t, "no-min-share", 0); part > 0.03 {
+		t.Errorf("the batch got %.1f%% of the grants under the flood without a minimum share, want none", 100*part)
+	}
+}
+
+// scriptCalls returns how many times the server ran a script, by EVALSHA
+// or EVAL.
+func scriptCalls(t *testing.T, rdb *redis.Client) int {
+	t.Helper()
+	info, err := rdb.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for line := range strings.Lines(info) {
+		if rest, ok := strings.CutPrefix(line, "cmdstat_evalsha:calls="); ok {
+			c, _, _ := strings.Cut(rest, ",")
+			v, _ := strconv.Atoi(c)
+			n += v
+		}
+		if rest, ok := strings.CutPrefix(line, "cmdstat_eval:calls="); ok {
+			c, _, _ := strings.Cut(rest, ",")
+			v, _ := strconv.Atoi(c)
+			n += v
+		}
+	}
+	return n
 }

@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -143,5 +144,67 @@ func TestClassesRescale(t *testing.T) {
 	tat, _ := rdb.Get(ctx, b.Keys[0]).Float64()
 	if tail > tat {
 		t.Errorf("class 2's tail %v is beyond the layer's tat %v after a refund", tail, tat)
+	}
+}
+
+// A class given a minimum share is pushed by at most the rest of the
+// time that passes: under a flood of a higher class, five times the rate,
+// class 0 with a share of 25% is pushed 0.75 s a second, and the takes
+// the share has no room for are refused, taking nothing, with how long
+// until it has. The control, without a share, is pushed five seconds a
+// second.
+func TestClassesMinimumShare(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	for _, share := range []float64{0.25, 0} {
+		var now atomic.Int64
+		now.Store(time.Now().UnixNano())
+		s := NewStore(rdb, Options{Clock: func() time.Time { return time.Unix(0, now.Load()) }})
+		ctx := context.Background()
+		b := New("quota:", fmt.Sprint("share", share), []Limit{{Rate: 20, Burst: 1}}) // 50 ms a token
+		take := func(n Cost) Grant {
+			t.Helper()
+			g, err := s.takeOne(ctx, b, n, time.Hour)
+			if err != nil || !(g.Granted || g.Crowded) {
+				t.Fatalf("take %+v: %+v, %v", n, g, err)
+			}
+			return g
+		}
+		var tat Grant
+		for range 200 { // a queue of 10 s
+			tat = take(Tokens(1))
+		}
+		const steps, step = 500, 10 * time.Millisecond // 5 s of a take of class 2 every 10 ms
+		var pushes []int64
+		crowded := 0
+		for range steps {
+			g := take(Cost{N: 1, Class: 2, Shares: []float64{share}})
+			if g.Crowded {
+				crowded++
+				if g.Wait <= 0 || g.Wait > 100*time.Millisecond {
+					t.Fatalf("a take the share refused is told to wait %v, want up to a token's time over the share (67ms)", g.Wait)
+				}
+			} else {
+				pushes = g.Pushed
+			}
+			now.Add(int64(step))
+		}
+		elapsed := steps * step
+		pushed := time.Duration(pushes[0]) * time.Microsecond
+		t.Logf("share %v: class 0 pushed %v in %v (%.2f of the time); %d of %d takes of class 2 refused", share, pushed, elapsed, pushed.Seconds()/elapsed.Seconds(), crowded, steps)
+		if share > 0 {
+			if most := time.Duration((1-share)*float64(elapsed)) + 150*time.Millisecond; pushed > most || pushed < most-300*time.Millisecond {
+				t.Errorf("class 0 with a share of %v was pushed %v in %v; want about %v of the time (at most %v)", share, pushed, elapsed, 1-share, most)
+			}
+			// The refused took nothing: class 0's next take queues behind
+			// the 200, the pushes and itself.
+			next := take(Tokens(1))
+			want := time.Duration(tat.Wait) + pushed + 50*time.Millisecond - elapsed
+			if d := next.Wait - want; d < -time.Millisecond || d > time.Millisecond {
+				t.Errorf("class 0's next take waits %v, want %v: the refused takes took nothing", next.Wait, want)
+			}
+		} else if pushed < elapsed || crowded > 0 {
+			t.Errorf("without a share, class 0 was pushed %v in %v and %d takes refused; want the whole flood pushing it", pushed, elapsed, crowded)
+		}
 	}
 }

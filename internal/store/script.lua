@@ -41,6 +41,8 @@
 --   p<c>:<sfx>    how far takes of higher classes have pushed class c's
 --                 grants in that layer back, µs so far, c = 0 ... pmax-1;
 --   pt            when the latest push was, µs (see commit);
+--   q<c>:<sfx>    the push clock of class c in that layer, µs, for a class
+--                 given a minimum share (see shares);
 --   seen          the first layer's Limit the Limiters last passed,
 --                 "<rate> <burst>"; layers, the further layers' key
 --                 suffixes; u:<id>, a Limiter that used the bucket lately,
@@ -63,7 +65,9 @@
 --             (requests, input tokens, output tokens), one amount per
 --             layer separated by spaces, each >= 0 (see amounts); either
 --             followed by "@" and the take's priority class, 1 to 7,
---             when it is above 0 (see classes);
+--             when it is above 0 (see classes), and then, when classes
+--             below it have minimum shares, ":" and the share of each
+--             class from 0 up, "0" for none (see shares);
 --             pause: how long, in microseconds, nothing may be granted;
 --             resuming: the instant, in microseconds, the fleet leaves
 --             its local shares after an outage;
@@ -100,7 +104,10 @@
 --           is -1 while the bucket is paused until a resume, -2 while
 --           the fleet has yet to leave its local shares after an outage
 --           (resuming), whatever ARGV[3]. The tats (us,
---           rounded down) identify the take for a later refund. A take
+--           rounded down) identify the take for a later refund. granted
+--           is 2 for a take refused as it would push a class below its own
+--           past that class's minimum share: nothing is taken, and wait is
+--           how long until the share has room (see shares). A take
 --           granted without a wait replies the integer 0 alone instead: the
 --           cheapest reply there is, for the commonest case.
 --           A batch serves its callers in order, each from the bucket as
@@ -279,6 +286,18 @@ end
 -- the tokens before it already; it is pushed as a whole, since its last
 -- token is what it waits for. The grants of the classes c and above, and
 -- of class 0 when no higher class is queued, are as before.
+--
+-- Minimum shares. A class may be given a share of the rate that the
+-- classes above it cannot take from it: the takes that name a class list
+-- the shares of the classes below it. Pushes of a class j whose share is
+-- m move its queue by at most 1 - m of the time that passes, so that its
+-- grants fall due at m of the rate or more: each layer of the class keeps
+-- a push clock (q<j>:<sfx>), which a push of d moves d / (1 - m) on from
+-- where it stood, or from commit before now if that is later. While the
+-- clock is ahead of now, a take of a higher class that would push the
+-- class is refused with how long until the clock is back to now: the
+-- share's time is class j's, and a caller of a higher class that queued
+-- behind it would take from it.
 local commit = 100000 -- µs
 local pmax = tonumber(f[8]) or 0
 local function sfx(i)
@@ -289,6 +308,18 @@ end
 -- loadClasses first).
 local tails, pushes
 local classesDirty = false
+-- clocks: the push clocks read or moved so far, by field (see shares).
+local clocks = {}
+local function clockField(c, i)
+  return 'q' .. c .. ':' .. sfx(i)
+end
+local function clock(c, i)
+  local field = clockField(c, i)
+  if not clocks[field] then
+    clocks[field] = tonumber(redis.call('HGET', ctl, field)) or -math.huge
+  end
+  return math.max(clocks[field], now - commit)
+end
 local function loadClasses(upto)
   if not tails then
     tails, pushes = {}, {}
@@ -344,6 +375,11 @@ local function saveClasses()
       if c < pmax then
         h[#h + 1], h[#h + 2] = 'p' .. c .. ':' .. sfx(i), string.format('%d', math.floor(pushes[c][i] + 0.5))
       end
+    end
+  end
+  for field, v in pairs(clocks) do
+    if v > -math.huge then
+      h[#h + 1], h[#h + 2] = field, string.format('%d', math.ceil(v))
     end
   end
   redis.call('HSET', ctl, unpack(h))
@@ -571,11 +607,19 @@ if op == 'take' then
     local need = tonumber(ARGV[x])
     local each -- one amount per layer, when need is none
     local class = 0
+    local shares = {} -- shares[j]: class j's minimum share, for j below class
     if not need then
-      local amount, p = string.match(ARGV[x], '^([^@]*)@([1-7])$')
+      local amount, p, listed = string.match(ARGV[x], '^([^@]*)@([1-7])([0-9.:]*)$')
       if amount then
         class = tonumber(p)
         loadClasses(class)
+        local j = 0
+        for m in string.gmatch(listed, ':([0-9.]+)') do
+          if j < class then
+            shares[j] = tonumber(m)
+          end
+          j = j + 1
+        end
       else
         amount = ARGV[x]
       end
@@ -585,6 +629,23 @@ if op == 'take' then
       end
       if not need and not each then
         return redis.error_reply('quota: a take of ' .. tostring(ARGV[x]) .. ' from ' .. k .. ' layers')
+      end
+    end
+    -- A take that would push a class past its minimum share waits until
+    -- the class's push clock is back to now (see shares).
+    local crowded = -math.huge
+    for j = 0, class - 1 do
+      local m = shares[j]
+      if m and m > 0 and m < 1 then
+        for i = 1, k do
+          local t = tats[i]
+          if j > 0 then
+            t = tails[j][i] or now
+          end
+          if (need or each[i]) > 0 and t > now + fulls[i] + commit then
+            crowded = math.max(crowded, clock(j, i) - now)
+          end
+        end
       end
     end
     -- from[i]: where the take queues in layer i, as a tat: behind every
@@ -614,7 +675,12 @@ if op == 'take' then
     end
     local wait = math.floor(longest + 0.5)
     local o = #reply
-    if forever or resuming or wait > tonumber(ARGV[x + 1]) then
+    if crowded > 0 and not (forever or resuming) then
+      reply[o + 1], reply[o + 2], waited = 2, math.ceil(crowded), true
+      for i = 1, k do
+        reply[o + 2 + i] = math.floor(from[i])
+      end
+    elseif forever or resuming or wait > tonumber(ARGV[x + 1]) then
       if resuming then
         wait = -2
       elseif forever then
@@ -651,6 +717,10 @@ if op == 'take' then
               if t > now + fulls[i] + commit then
                 t = t + d
                 pushes[lower][i], pushed = pushes[lower][i] + d, true
+                local m = shares[lower]
+                if m and m > 0 and m < 1 then
+                  clocks[clockField(lower, i)] = clock(lower, i) + d / (1 - m)
+                end
               else
                 t = math.max(t, v)
               end
@@ -722,7 +792,7 @@ end
 
 -- A refund or an adjust of a take of a priority class names the class
 -- too, which they do not need: their tokens are the layers'.
-local arg2 = string.gsub(ARGV[2], '@[1-7]$', '')
+local arg2 = string.gsub(ARGV[2], '@[1-7][0-9.:]*$', '')
 local n = tonumber(arg2)
 local each -- refund, adjust, lower: one amount per layer, when n is none
 if not n and (op == 'refund' or op == 'adjust' or op == 'lower') then

@@ -182,6 +182,7 @@ type Grant struct {
 	Pause    Pause         // the pause in force when the take ran (zero without a wait)
 	Back     []int64       // the layers' give-backs when the take ran, µs (see script.lua); nil without a wait
 	Pushed   []int64       // how far pushes had moved each class's queue in each layer, class 0's first, k each; nil on a bucket no class above 0 took from
+	Crowded  bool          // not granted: the take would push a lower class past its minimum share; Wait is until it has room
 	Trips    int           // the Redis round trips of its call
 	Size     int           // the takes its call served, when takes share calls; 0 otherwise or when none was sent
 }
@@ -204,6 +205,9 @@ type Cost struct {
 	N     float64
 	Each  []float64 // nil, or one per layer
 	Class int       // the take's priority class, 0 to MaxClass (see script.lua)
+	// Shares are the classes' minimum shares of the rate, by class, 0 or
+	// in (0, 1); a take reads those below its class. nil: none.
+	Shares []float64
 }
 
 // MaxClass is the highest priority class.
@@ -295,6 +299,7 @@ func Decode(b Bucket, v []int64) (Grant, error) {
 	if v[0] == 0 && v[1] == -2 {
 		g.Resuming, g.Wait = true, 0
 	}
+	g.Crowded = v[0] == 2
 	return g, nil
 }
 
@@ -456,7 +461,8 @@ func (c *argvCache) tokens(n float64) any {
 }
 
 // cost returns n as the script reads it: one number, or one per layer,
-// then "@" and its class when that is above 0.
+// then "@" and its class when that is above 0, and the minimum shares of
+// the classes below it when any has one.
 func (c *argvCache) cost(n Cost) any {
 	if n.Each == nil && n.Class == 0 {
 		return c.tokens(n.N)
@@ -474,6 +480,12 @@ func (c *argvCache) cost(n Cost) any {
 	if n.Class > 0 {
 		b = append(b, '@')
 		b = strconv.AppendInt(b, int64(n.Class), 10)
+		if below := n.Shares[:min(n.Class, len(n.Shares))]; slices.ContainsFunc(below, func(m float64) bool { return m > 0 }) {
+			for _, m := range below {
+				b = append(b, ':')
+				b = strconv.AppendFloat(b, m, 'f', -1, 64)
+			}
+		}
 	}
 	return string(b)
 }
