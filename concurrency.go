@@ -18,7 +18,8 @@ import (
 // WithSlotLease).
 //
 // Callers that find every slot held wait in the bucket's queue, first come,
-// first served across the fleet, and are woken by the release that frees
+// first served across the fleet (behind the waiters of a Transport's
+// requests of a priority above 0, see WithPriority), and are woken by the release that frees
 // their slot: nobody polls. Nobody can know when a slot will free, so a
 // caller waits in its place until its context ends, and then leaves the
 // queue with the context's error. Give ctx a deadline to bound the wait.

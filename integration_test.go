@@ -701,7 +701,8 @@ type workerSpec struct {
 	// OwnPrefix gives each worker a prefix of its own: per-process
 	// limiters, which share nothing.
 	OwnPrefix bool
-	// Priority is the priority of the worker's acquisitions (WaitN).
+	// Priority is the priority of the worker's acquisitions (WaitN, or
+	// the requests to URL).
 	Priority int
 	// MinShare, when above zero, is WithMinShare(0, MinShare).
 	MinShare float64
@@ -851,6 +852,9 @@ func (spec workerSpec) acquirer(rdb redis.UniversalClient) (acquireFunc, *Limite
 		tr := NewTransport(rdb, spec.Limit, spec.transportOptions()...)
 		client := &http.Client{Transport: tr}
 		return func(ctx context.Context) error {
+			if spec.Priority > 0 {
+				ctx = ContextWithPriority(ctx, spec.Priority)
+			}
 			req, err := http.NewRequestWithContext(ctx, "GET", spec.URL, nil)
 			if err != nil {
 				return err

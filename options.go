@@ -345,8 +345,8 @@ func WithMaxPause(d time.Duration) TransportOption {
 // (see WithSlotLinger). A response without a body (http.NoBody) releases it
 // at once. A response whose body is never closed holds its slot until the
 // body is garbage collected, so close bodies as net/http asks. Waiting for
-// a slot is first come, first served across the fleet and lasts until the
-// request's context ends (see Limiter.AcquireSlot). It panics if n is less
+// a slot is by priority (see WithPriority), then first come, first served,
+// across the fleet, and lasts until the request's context ends (see Limiter.AcquireSlot). It panics if n is less
 // than 1.
 func WithConcurrency(n int) TransportOption {
 	if n < 1 {

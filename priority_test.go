@@ -5,6 +5,7 @@ import (
 	"errors"
 	"math"
 	"net/http"
+	"net/http/httptest"
 	"slices"
 	"strconv"
 	"strings"
@@ -368,4 +369,64 @@ func scriptCalls(t *testing.T, rdb *redis.Client) int {
 		}
 	}
 	return n
+}
+
+// runSlotPriority runs 3 batch processes of 5 goroutines each for 7 s
+// through Transports WithConcurrency(1) to a provider that takes 100 ms a
+// request, a queue of 1.5 s for the one slot, and from 1 s on a fourth
+// process that sends one request about every half second, at priority,
+// for 5 s. It returns those requests' times, from ask to response, sorted.
+func runSlotPriority(t *testing.T, priority int) []time.Duration {
+	t.Helper()
+	srv := redistest.Start(t)
+	p := &inFlight{latency: 100 * time.Millisecond}
+	provider := httptest.NewServer(p)
+	defer provider.Close()
+	spec := workerSpec{Addr: srv.Addr(), Key: strings.TrimPrefix(provider.URL, "http://"), Limit: fastLimit,
+		Goroutines: 5, Duration: 7 * time.Second, URL: provider.URL, Concurrency: 1}
+	batch := startWorkers(t, 3, spec)
+	time.Sleep(time.Until(batch.start.Add(time.Second)))
+	spec.Goroutines, spec.Duration, spec.Rest, spec.Priority = 1, 5*time.Second, 350*time.Millisecond, priority
+	interactive := startWorkers(t, 1, spec)
+	ireps := interactive.wait(t)
+	batch.wait(t)
+	var times []time.Duration
+	for _, s := range ireps[0].Stamps {
+		times = append(times, s.Woke.Sub(s.Asked))
+	}
+	slices.Sort(times)
+	if len(times) < 2 {
+		t.Fatalf("%d requests at priority %d, want at least 2", len(times), priority)
+	}
+	t.Logf("priority %d behind a slot queue of 1.5 s: %d requests, ask to response p50 %v, p99 %v; peak %d in flight (limit 1)",
+		priority, len(times), times[len(times)/2].Round(time.Millisecond), p99(times).Round(time.Millisecond), p.peak.Load())
+	if peak := p.peak.Load(); peak > 1 {
+		t.Errorf("the provider saw %d requests in flight, want at most 1", peak)
+	}
+	return times
+}
+
+// The waiters for a concurrency slot are served by priority too: a
+// request of priority 5 behind 15 batch waiters waits for the request in
+// flight and its own, not for the queue.
+func TestSlotsServePriorityFirst(t *testing.T) {
+	redistest.Long(t)
+	t.Parallel()
+	times := runSlotPriority(t, 5)
+	if p := p99(times); p > 400*time.Millisecond {
+		t.Errorf("at priority 5, p99 %v from ask to response, want at most 400ms: the request in flight, its own and the hand-off", p)
+	}
+	if len(times) < 8 {
+		t.Errorf("%d requests at priority 5, want at least 8, one about every half second", len(times))
+	}
+}
+
+// The negative control: at the batch's priority, the request waits its
+// turn in the queue.
+func TestSlotsServePriorityFirstCatchesOneQueue(t *testing.T) {
+	redistest.Long(t)
+	t.Parallel()
+	if times := runSlotPriority(t, 0); times[len(times)/2] < 800*time.Millisecond {
+		t.Errorf("at priority 0, median %v from ask to response, want over 800ms: it queues behind the batch", times[len(times)/2])
+	}
 }

@@ -1,6 +1,6 @@
 // Package slots holds a bucket's concurrency slots in Redis (slots.lua):
-// at most n held at once across every process, waiters queued first come,
-// first served and woken by the release that frees their slot, leases
+// at most n held at once across every process, waiters queued by the
+// priority class of their takes and then first come, first served, woken by the release that frees their slot, leases
 // renewed while held or awaited, so that a dead holder's slots come back.
 // A slot and its tokens are asked for in one call, and the release that
 // hands a waiter its slot takes the waiter's tokens too; releases ride on

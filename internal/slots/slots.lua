@@ -2,8 +2,9 @@
 -- the Redis. A slot is a lease on the server's clock, renewed by its holder
 -- while it holds it, so that the slots of a process that dies come back
 -- when their leases end. Callers that find every slot held queue, first
--- come, first served, and a release hands the slot to the head of the
--- queue at once and announces it, so that nobody polls.
+-- come, first served within a priority class and the higher classes
+-- first, and a release hands the slot to the head of the queue at once
+-- and announces it, so that nobody polls.
 --
 -- A caller asks for its slot and its tokens in one call: the script runs
 -- the bucket script (internal/store), which the slots package puts before
@@ -15,9 +16,12 @@
 -- KEYS[1]   the slots held: a sorted set of ids, each scored with when its
 --           lease ends (microseconds), its key the bucket's and ":slots".
 -- KEYS[2]   the waiters: a sorted set of ids, scored the same way.
--- KEYS[3]   the queue: a list of the waiters' ids in order of arrival. An
---           id no longer among the waiters (cancelled, or its lease ended)
---           is skipped when it reaches the head.
+-- KEYS[3]   the queue: a list of the waiters' ids, the highest priority
+--           class first and each class in order of arrival; the id of a
+--           waiter of class c above 0 followed by "@c" (the class of its
+--           take, see script.lua). An id no longer among the waiters
+--           (cancelled, or its lease ended) is skipped when it reaches the
+--           head.
 -- KEYS[4]   the takes: a hash of the waiters' takes by id, each the bucket
 --           script's KEYS and ARGV in JSON, and once a slot is handed, the
 --           grant its take got, until its holder hears of it.
@@ -113,6 +117,46 @@ local queued = redis.call('ZCOUNT', waiting, live, '+inf')
 local queues = queued > 0 -- the queue may hold ids
 local wrote = false -- to the takes
 
+-- classOf returns the priority class of the take t (nil: 0), which its
+-- bucket ARGV[2] names after "@" (see script.lua).
+local function classOf(t)
+  local c = t and t.argv and t.argv[2] and string.match(t.argv[2], '@([1-7])')
+  return tonumber(c) or 0
+end
+
+-- entry returns the queue's entry for id, a waiter of class c.
+local function entry(id, c)
+  if c > 0 then
+    return id .. '@' .. c
+  end
+  return id
+end
+
+-- enqueue puts id, a waiter of class c, at the end of its class in the
+-- queue: ahead of the first waiter of a lower class.
+local function enqueue(id, c)
+  if c > 0 then
+    local entries = redis.call('LRANGE', queue, 0, -1)
+    for _, e in ipairs(entries) do
+      local ec = tonumber(string.match(e, '@([1-7])$')) or 0
+      if ec < c then
+        redis.call('LINSERT', queue, 'BEFORE', e, entry(id, c))
+        return
+      end
+    end
+  end
+  redis.call('RPUSH', queue, entry(id, c))
+end
+
+-- queuedClass returns the class id queues at, from the take it left.
+local function queuedClass(id)
+  local t = redis.call('HGET', takes, id)
+  if t and string.sub(t, 1, 1) == '{' then
+    return classOf(cjson.decode(t))
+  end
+  return 0
+end
+
 -- take runs the take t (the bucket script's KEYS and ARGV, and the
 -- deadline it counts down to, if any) and returns its grant, "" when the
 -- bucket script failed: the holder then takes its tokens itself.
@@ -148,6 +192,7 @@ local function dispatch()
     if not id then
       break
     end
+    id = string.gsub(id, '@[1-7]$', '')
     local ends = tonumber(redis.call('ZSCORE', waiting, id))
     local t = redis.call('HGET', takes, id)
     if ends and ends > now then
@@ -216,7 +261,7 @@ if op == 'acquire' or op == 'try' then
     reply = {0, 0}
   else
     queued = queued + redis.call('ZADD', waiting, now + lease, id)
-    redis.call('RPUSH', queue, id)
+    enqueue(id, classOf(t))
     queues = true
     if t then
       redis.call('HSET', takes, id, cjson.encode(t))
@@ -238,7 +283,7 @@ elseif op == 'cancel' then
     local id = ARGV[i]
     if redis.call('ZREM', waiting, id) == 1 then
       queued = queued - 1
-      redis.call('LREM', queue, 1, id)
+      redis.call('LREM', queue, 1, entry(id, queuedClass(id)))
       redis.call('HDEL', takes, id)
     elseif release(id) == 1 then
       count = count + 1
@@ -268,8 +313,9 @@ elseif op == 'renew' then
       if not redis.call('ZSCORE', waiting, id) then
         -- A waiter Redis lost queues again at the end, where a stale
         -- place of its own (its lease ended) would not put it ahead.
-        redis.call('LREM', queue, 0, id)
-        redis.call('RPUSH', queue, id)
+        local c = queuedClass(id)
+        redis.call('LREM', queue, 0, entry(id, c))
+        enqueue(id, c)
         states[k] = 3
       end
       redis.call('ZADD', waiting, now + lease, id)

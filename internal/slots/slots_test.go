@@ -183,3 +183,58 @@ return {1, tonumber(ARGV[3]), 7, 0, 0}`
 		t.Errorf("%d takes left after the renewal told b its grant, want 0", n)
 	}
 }
+
+// The queue serves the higher priority classes first, each first come,
+// first served: a waiter's class is its take's (script.lua's "n@c"). A
+// waiter that cancels leaves its class's place.
+func TestQueueByClass(t *testing.T) {
+	rdb := redistest.Start(t).Client(t)
+	ctx := context.Background()
+	key := "quota:{classes}"
+	keys := []string{key + HeldSuffix, key + WaitingSuffix, key + QueueSuffix, key + TakesSuffix, key, key + ":ctl"}
+	script := redisx.NewScript(rdb, Source(""))
+	run := func(op string, args ...any) {
+		t.Helper()
+		cmd, _ := script.Run(ctx, keys, append([]any{op, 1, time.Minute.Microseconds(), "", "", 0}, args...)...)
+		if err := cmd.Err(); err != nil {
+			t.Fatal(op, err)
+		}
+	}
+	wait := func(id string, class int) {
+		t.Helper()
+		if class == 0 {
+			run("acquire", id, "0")
+			return
+		}
+		// A take of 1 token of class class from a bucket of 1000/s.
+		run("acquire", id, "0", "take", fmt.Sprintf("1@%d", class), "1000000", "", 1000, 10, 0)
+	}
+	queue := func() string {
+		t.Helper()
+		q, err := rdb.LRange(ctx, keys[2], 0, -1).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.Join(q, " ")
+	}
+	run("acquire", "holder", "0")
+	wait("a", 0)
+	wait("b", 0)
+	wait("c", 3)
+	wait("d", 5)
+	wait("e", 3)
+	if got, want := queue(), "d@5 c@3 e@3 a b"; got != want {
+		t.Errorf("queue %q, want %q: the higher classes first, each in arrival order", got, want)
+	}
+	run("cancel", "e")
+	if got, want := queue(), "d@5 c@3 a b"; got != want {
+		t.Errorf("queue %q after e cancelled, want %q", got, want)
+	}
+	run("release", "holder")
+	if got, want := queue(), "c@3 a b"; got != want {
+		t.Errorf("queue %q after the release, want %q: the slot went to d, of class 5", got, want)
+	}
+	if s, err := rdb.ZScore(ctx, keys[0], "d").Result(); err != nil || s == 0 {
+		t.Errorf("d does not hold the slot: %v", err)
+	}
+}
