@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -10,7 +9,6 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
-	"os/exec"
 	"strconv"
 	"strings"
 	"sync"
@@ -19,7 +17,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/sharedquota/quota"
-	"github.com/sharedquota/quota/demo/internal/child"
+	"github.com/sharedquota/quota/demo/internal/fleet"
 )
 
 // workerEnv carries a worker's spec, as JSON, to the worker process;
@@ -138,65 +136,9 @@ func send(ctx context.Context, client *http.Client, spec workerSpec, seq int) er
 	return err
 }
 
-// startFleet runs one worker process per spec, each a copy of this
-// binary, relays their stderr to logs, and returns their reports once
-// they have all ended.
+// startFleet runs one worker process per spec (see fleet.Run).
 func startFleet(ctx context.Context, specs []workerSpec, logs io.Writer) ([]workerReport, error) {
-	self, err := os.Executable()
-	if err != nil {
-		return nil, err
-	}
-	var cmds []*exec.Cmd
-	var outs []*bytes.Buffer
-	var relays sync.WaitGroup
-	kill := func() {
-		for _, cmd := range cmds {
-			_ = cmd.Process.Kill()
-			_ = cmd.Wait()
-		}
-	}
-	for _, spec := range specs {
-		env, err := json.Marshal(spec)
-		if err != nil {
-			kill()
-			return nil, err
-		}
-		cmd := exec.CommandContext(ctx, self, workerArg)
-		cmd.Env = append(os.Environ(), workerEnv+"="+string(env))
-		cmd.SysProcAttr = child.Attr()
-		out := new(bytes.Buffer)
-		cmd.Stdout = out
-		stderr, err := cmd.StderrPipe()
-		if err != nil {
-			kill()
-			return nil, err
-		}
-		if err := cmd.Start(); err != nil {
-			kill()
-			return nil, fmt.Errorf("starting worker %d: %w", spec.ID, err)
-		}
-		cmds, outs = append(cmds, cmd), append(outs, out)
-		relays.Go(func() {
-			sc := bufio.NewScanner(stderr)
-			for sc.Scan() {
-				fmt.Fprintf(logs, "  worker %d | %s\n", spec.ID, sc.Text())
-			}
-		})
-	}
-	relays.Wait()
-	var reports []workerReport
-	for i, cmd := range cmds {
-		var rep workerReport
-		err := cmd.Wait()
-		if err == nil {
-			err = json.Unmarshal(outs[i].Bytes(), &rep)
-		}
-		if err != nil {
-			return nil, fmt.Errorf("worker %d: %w", i+1, err)
-		}
-		reports = append(reports, rep)
-	}
-	return reports, nil
+	return fleet.Run[workerSpec, workerReport](ctx, workerEnv, workerArg, specs, logs)
 }
 
 // quiet discards go-redis's own log lines.
