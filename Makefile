@@ -1,5 +1,6 @@
 # make demo   the fleet demonstration: the problem and the cure (see demo/),
-#             then the same for an LLM API metered on tokens (demo/llm)
+#             then the same for an LLM API metered on tokens (demo/llm), and
+#             a user's requests jumping a backfill's queue (demo/priority)
 # make test   installs redis-server when missing, lints, runs every test,
 #             the demo's and the Jaeger end-to-end check included
 # make bench  the benchmarks: quota beside a bare EVALSHA, and beside its peers;
@@ -23,6 +24,7 @@ STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
 demo: redis
 	cd demo && $(GO) run . -out ../demo-out
 	cd demo && $(GO) run ./llm -out ../demo-out
+	cd demo && $(GO) run ./priority -out ../demo-out
 
 # The packages' tests run one package after another (-p 1): each starts real
 # redis-server processes and asserts rates and windows, and on two cores a

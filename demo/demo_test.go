@@ -10,7 +10,6 @@ import (
 	"io"
 	"math"
 	"os"
-	"os/exec"
 	"slices"
 	"strconv"
 	"strings"
@@ -18,34 +17,12 @@ import (
 	"time"
 
 	"github.com/sharedquota/quota/demo/internal/provider"
+	"github.com/sharedquota/quota/demo/internal/workers"
 )
 
 // TestMain lets the test binary serve as the demo's worker processes, which
 // are copies of the running binary.
-func TestMain(m *testing.M) {
-	if len(os.Args) > 1 && os.Args[1] == workerArg {
-		if err := runWorker(); err != nil {
-			os.Stderr.WriteString(err.Error() + "\n")
-			os.Exit(1)
-		}
-		os.Exit(0)
-	}
-	os.Exit(m.Run())
-}
-
-// requireRedis skips the test when redis-server is missing, or fails it
-// when QUOTA_REQUIRE_REDIS=1.
-func requireRedis(t *testing.T) {
-	t.Helper()
-	if _, err := exec.LookPath("redis-server"); err == nil {
-		return
-	}
-	msg := "redis-server not found on PATH; install it with: apt-get install redis-server (Debian/Ubuntu) or brew install redis (macOS), or run make test, which installs it"
-	if os.Getenv("QUOTA_REQUIRE_REDIS") == "1" {
-		t.Fatal(msg + "; QUOTA_REQUIRE_REDIS=1 requires it")
-	}
-	t.Skip(msg + "; set QUOTA_REQUIRE_REDIS=1 to fail instead of skipping")
-}
+func TestMain(m *testing.M) { workers.TestMain(m, workerArg, runWorker) }
 
 // arrivalJitter is how much longer than W a window of the provider's
 // arrivals may be in which the grants of a window W arrived: the provider
@@ -78,7 +55,7 @@ const arrivalJitter = 100 * time.Millisecond
 // the shared ones and must fail it: the bound is tight enough to tell a
 // fleet sharing one bucket from one that does not.
 func TestDemo(t *testing.T) {
-	requireRedis(t)
+	workers.RequireRedis(t)
 	t.Parallel()
 	out := t.TempDir()
 	// Three goroutines at 5/s queue at most 0.6 s ahead; Redis is down for
@@ -311,7 +288,7 @@ func windowExcess(at []float64, burst, rate float64) excess {
 // then the queue resumes at the rate, not in a burst: every window after
 // the pause holds at most one token plus the rate over it.
 func TestDemoPause(t *testing.T) {
-	requireRedis(t)
+	workers.RequireRedis(t)
 	t.Parallel()
 	out := t.TempDir()
 	cfg, err := parseFlags([]string{"-pause", "2s", "-json", "-out", out}, os.Stderr)

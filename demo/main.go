@@ -27,34 +27,8 @@
 //	go run . [-workers 4] [-goroutines 8] [-rate 600] [-duration 12s] [-pause 2s] [-out demo-out] [-json]
 package main
 
-import (
-	"context"
-	"errors"
-	"flag"
-	"fmt"
-	"os"
-	"os/signal"
-	"syscall"
-)
+import "github.com/sharedquota/quota/demo/internal/workers"
 
 func main() {
-	if len(os.Args) > 1 && os.Args[1] == workerArg {
-		if err := runWorker(); err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			os.Exit(1)
-		}
-		return
-	}
-	cfg, err := parseFlags(os.Args[1:], os.Stderr)
-	if errors.Is(err, flag.ErrHelp) {
-		return
-	}
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "quotademo:", err)
-		os.Exit(2)
-	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	code := run(ctx, cfg, os.Stdout, os.Stderr)
-	stop()
-	os.Exit(code)
+	workers.Main("quotademo", workerArg, runWorker, parseFlags, run)
 }

@@ -5,36 +5,22 @@ import (
 	"context"
 	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sharedquota/quota/demo/internal/workers"
 )
 
 // TestMain lets the test binary serve as the demo's worker processes.
-func TestMain(m *testing.M) {
-	if len(os.Args) > 1 && os.Args[1] == workerArg {
-		if err := runWorker(); err != nil {
-			os.Stderr.WriteString(err.Error() + "\n")
-			os.Exit(1)
-		}
-		os.Exit(0)
-	}
-	os.Exit(m.Run())
-}
+func TestMain(m *testing.M) { workers.TestMain(m, workerArg, runWorker) }
 
 // TestSettledPhase runs the settled fleet's phase, small, with real
 // worker processes: no 429, at least minSettled of the output limit, and
 // the picture written.
 func TestSettledPhase(t *testing.T) {
-	if _, err := exec.LookPath("redis-server"); err != nil {
-		msg := "redis-server not found on PATH; install it with: apt-get install redis-server (Debian/Ubuntu) or brew install redis (macOS), or run make test, which installs it"
-		if os.Getenv("QUOTA_REQUIRE_REDIS") == "1" {
-			t.Fatal(msg + "; QUOTA_REQUIRE_REDIS=1 requires it")
-		}
-		t.Skip(msg + "; set QUOTA_REQUIRE_REDIS=1 to fail instead of skipping")
-	}
+	workers.RequireRedis(t)
 	out := t.TempDir()
 	cfg := config{workers: 2, goroutines: 4, duration: 5 * time.Second, out: out, phases: []int{3}}
 	var stdout, stderr bytes.Buffer

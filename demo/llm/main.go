@@ -30,15 +30,14 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/signal"
 	"path/filepath"
 	"slices"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/sharedquota/quota/demo/internal/chart"
 	"github.com/sharedquota/quota/demo/internal/redisproc"
+	"github.com/sharedquota/quota/demo/internal/workers"
 	"github.com/sharedquota/quota/internal/llmfake"
 )
 
@@ -67,25 +66,7 @@ const minSettled = 0.8
 const steadyFrom = 2500 * time.Millisecond
 
 func main() {
-	if len(os.Args) > 1 && os.Args[1] == workerArg {
-		if err := runWorker(); err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			os.Exit(1)
-		}
-		return
-	}
-	cfg, err := parseFlags(os.Args[1:], os.Stderr)
-	if errors.Is(err, flag.ErrHelp) {
-		return
-	}
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "llmdemo:", err)
-		os.Exit(2)
-	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	code := run(ctx, cfg, os.Stdout, os.Stderr)
-	stop()
-	os.Exit(code)
+	workers.Main("llmdemo", workerArg, runWorker, parseFlags, run)
 }
 
 // config is the command line.

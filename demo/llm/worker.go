@@ -17,7 +17,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/sharedquota/quota"
-	"github.com/sharedquota/quota/demo/internal/fleet"
+	"github.com/sharedquota/quota/demo/internal/workers"
 )
 
 // workerEnv carries a worker's spec, as JSON, to the worker process;
@@ -136,9 +136,9 @@ func send(ctx context.Context, client *http.Client, spec workerSpec, seq int) er
 	return err
 }
 
-// startFleet runs one worker process per spec (see fleet.Run).
+// startFleet runs one worker process per spec (see workers.Run).
 func startFleet(ctx context.Context, specs []workerSpec, logs io.Writer) ([]workerReport, error) {
-	return fleet.Run[workerSpec, workerReport](ctx, workerEnv, workerArg, specs, logs)
+	return workers.Run[workerSpec, workerReport](ctx, workerEnv, workerArg, specs, logs)
 }
 
 // quiet discards go-redis's own log lines.

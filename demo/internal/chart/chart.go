@@ -68,18 +68,24 @@ func Write(f Figure, pngPath, svgPath string) error {
 		return err
 	}
 	height := panelHeight * vg.Length(max(3, len(f.Panels)))
+	return writeBoth(f.Title, plots, height, pngPath, svgPath)
+}
+
+// writeBoth lays the title and the plots out, one panel a row, and writes
+// them to pngPath and svgPath.
+func writeBoth(title string, plots [][]*plot.Plot, height vg.Length, pngPath, svgPath string) error {
 	png := vgimg.NewWith(vgimg.UseWH(width, height), vgimg.UseDPI(110), vgimg.UseBackgroundColor(color.White))
-	f.draw(draw.New(png), plots)
+	layout(draw.New(png), title, plots)
 	if err := save(pngPath, vgimg.PngCanvas{Canvas: png}); err != nil {
 		return err
 	}
 	svg := vgsvg.New(width, height)
-	f.draw(draw.New(svg), plots)
+	layout(draw.New(svg), title, plots)
 	return save(svgPath, svg)
 }
 
-// draw lays the figure's title and panels out on c.
-func (f Figure) draw(c draw.Canvas, plots [][]*plot.Plot) {
+// layout lays a figure's title and panels out on c.
+func layout(c draw.Canvas, figTitle string, plots [][]*plot.Plot) {
 	title := text.Style{
 		Color:   color.Black,
 		Font:    font.From(plot.DefaultFont, vg.Points(15)),
@@ -87,7 +93,7 @@ func (f Figure) draw(c draw.Canvas, plots [][]*plot.Plot) {
 		YAlign:  draw.YTop,
 		Handler: plot.DefaultTextHandler,
 	}
-	c.FillText(title, vg.Point{X: (c.Min.X + c.Max.X) / 2, Y: c.Max.Y - vg.Points(8)}, f.Title)
+	c.FillText(title, vg.Point{X: (c.Min.X + c.Max.X) / 2, Y: c.Max.Y - vg.Points(8)}, figTitle)
 	tiles := draw.Tiles{Rows: len(plots), Cols: 1, PadTop: vg.Points(36), PadBottom: vg.Points(6),
 		PadLeft: vg.Points(6), PadRight: vg.Points(14), PadY: vg.Points(14)}
 	canvases := plot.Align(plots, tiles, c)

@@ -1,7 +1,7 @@
-// Package fleet runs a demo's worker processes: copies of the demo's own
+// Package workers runs a demo's worker processes: copies of the demo's own
 // binary, each given its spec as JSON in an environment variable, each
 // writing its report as JSON to its stdout when it ends.
-package fleet
+package workers
 
 import (
 	"bufio"
