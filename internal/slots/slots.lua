@@ -118,9 +118,10 @@ local queues = queued > 0 -- the queue may hold ids
 local wrote = false -- to the takes
 
 -- classOf returns the priority class of the take t (nil: 0), which its
--- bucket ARGV[2] names after "@" (see script.lua).
+-- bucket ARGV[2] names after "@", before the tenant it may name after "|"
+-- (see script.lua).
 local function classOf(t)
-  local c = t and t.argv and t.argv[2] and string.match(t.argv[2], '@([1-7])')
+  local c = t and t.argv and t.argv[2] and string.match(string.match(t.argv[2], '^[^|]*'), '@([1-7])')
   return tonumber(c) or 0
 end
 

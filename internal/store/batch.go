@@ -427,7 +427,7 @@ func (s *Store) takeAll(ctx context.Context, b Bucket, takes []*queuedTake) erro
 		}
 		r := v[i*stride : (i+1)*stride : (i+1)*stride]
 		q.g.Granted, q.g.Wait, q.g.Pause, q.g.Back, q.g.Pushed = r[0] == 1, time.Duration(r[1])*time.Microsecond, p, back, pushed
-		q.g.Crowded = r[0] == 2
+		q.g.Crowded, q.g.Held = r[0] == 2, r[0] == 3
 		if r[0] == 0 && r[1] == -2 {
 			q.g.Resuming, q.g.Wait = true, 0 // see Decode
 		}

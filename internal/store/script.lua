@@ -43,6 +43,10 @@
 --   pt            when the latest push was, µs (see commit);
 --   q<c>:<sfx>    the push clock of class c in that layer, µs, for a class
 --                 given a minimum share (see shares);
+--   fv, f:<tenant>
+--                 the virtual time of the bucket's tenants, and each
+--                 tenant's "<finish> <weight> <waiting until>" (see
+--                 tenants);
 --   seen          the first layer's Limit the Limiters last passed,
 --                 "<rate> <burst>"; layers, the further layers' key
 --                 suffixes; u:<id>, a Limiter that used the bucket lately,
@@ -67,7 +71,10 @@
 --             followed by "@" and the take's priority class, 1 to 7,
 --             when it is above 0 (see classes), and then, when classes
 --             below it have minimum shares, ":" and the share of each
---             class from 0 up, "0" for none (see shares);
+--             class from 0 up, "0" for none (see shares); then, for
+--             a take for a tenant, "|", the tenant's weight (> 0), "|",
+--             the most tenants the bucket keeps apart (0: this one
+--             always), "|" and the tenant's name (see tenants);
 --             pause: how long, in microseconds, nothing may be granted;
 --             resuming: the instant, in microseconds, the fleet leaves
 --             its local shares after an outage;
@@ -107,7 +114,10 @@
 --           rounded down) identify the take for a later refund. granted
 --           is 2 for a take refused as it would push a class below its own
 --           past that class's minimum share: nothing is taken, and wait is
---           how long until the share has room (see shares). A take
+--           how long until the share has room (see shares); granted
+--           is 3 for a take for a tenant that is held: nothing is
+--           taken, and wait is how long until it may be admitted, at
+--           most fairNap (see tenants). A take
 --           granted without a wait replies the integer 0 alone instead: the
 --           cheapest reply there is, for the commonest case.
 --           A batch serves its callers in order, each from the bucket as
@@ -581,6 +591,132 @@ if record then
     g[6] or '', g[7] or '', g[8] or '', g[9] or '', g[10] or '', table.concat(back, ' '), pushed}
 end
 
+-- Tenants. A take may name the tenant it is for, with the tenant's
+-- weight: on a bucket whose queue is full, each tenant with takes waiting
+-- gets rate x weight / (the waiting tenants' weights), and a tenant that
+-- waits for nothing leaves its share to the others. The script keeps the
+-- bucket's queue short for such takes, and decides who joins it:
+--
+-- * Start-time fair queueing. A tenant's next take starts, in virtual
+--   time, where its last one finished or where the bucket's virtual time
+--   stands, whichever is later, and finishes its cost (µs of the slowest
+--   layer's rate) / weight later. The bucket's virtual time (fv) is the
+--   start of the latest take it admitted. A take is admitted when no
+--   other waiting tenant would start before it, and then only while the
+--   bucket's queue, with it, is at most fairQueue long: the grants
+--   already given out, which nobody can take back, are never more than
+--   that, so that a tenant that stops leaves its share to the others
+--   within fairQueue.
+-- * A take that is not admitted takes nothing and is held (reply 3),
+--   with how long until it may be (its turn, or room in the queue), at
+--   most fairNap: its caller sleeps that long, and up to half as long
+--   again, and asks again. Meanwhile its tenant counts as waiting: until
+--   its caller is due back, with room for the jitter and the call.
+-- * A take of a priority above 0 is not held: its tenant is charged what
+--   it takes, as if admitted, and so waits that much longer for its next
+--   take of priority 0.
+--
+-- Each tenant is a field of the record, f:<tenant> = "<finish> <weight>
+-- <waiting until>"; one that waits for nothing and whose finish the
+-- virtual time has passed is as if absent, and is removed. A take names
+-- the most tenants the bucket keeps apart: a tenant not among them when
+-- as many are takes as the tenant "" (the others), unless its cap is 0 (a
+-- tenant the Limiters list by name).
+local fairQueue = 250000 -- µs
+local fairNap = 250000 -- µs
+local fair -- {v, t = {tenant = {f, w, due}}, n, dirty}, read by loadFair
+local function loadFair()
+  if fair then
+    return
+  end
+  fair = {v = 0, t = {}, n = 0, gone = {}}
+  local h = redis.call('HGETALL', ctl)
+  for i = 1, #h, 2 do
+    if h[i] == 'fv' then
+      fair.v = tonumber(h[i + 1]) or 0
+    end
+  end
+  for i = 1, #h, 2 do
+    if string.sub(h[i], 1, 2) == 'f:' then
+      local fin, w, due = string.match(h[i + 1], '^(%S+) (%S+) (%S+)$')
+      fin, w, due = tonumber(fin), tonumber(w), tonumber(due)
+      if fin and w and due and (fin > fair.v or due >= now) then
+        fair.t[string.sub(h[i], 3)] = {f = fin, w = w, due = due}
+        fair.n = fair.n + 1
+      else
+        fair.gone[#fair.gone + 1] = h[i]
+      end
+    end
+  end
+  fair.dirty = #fair.gone > 0
+end
+-- saveFair writes the tenants back.
+local function saveFair()
+  if not (fair and fair.dirty) then
+    return
+  end
+  if #fair.gone > 0 then
+    redis.call('HDEL', ctl, unpack(fair.gone))
+  end
+  local h = {'fv', string.format('%.3f', fair.v)}
+  for name, e in pairs(fair.t) do
+    if e.dirty then
+      h[#h + 1], h[#h + 2] = 'f:' .. name, string.format('%.3f %s %d', e.f, e.w, e.due)
+    end
+  end
+  redis.call('HSET', ctl, unpack(h))
+end
+-- tenantOf returns the tenant entry a take names, made if need be.
+local function tenantOf(name, weight, cap)
+  loadFair()
+  local e = fair.t[name]
+  if not e and cap > 0 and fair.n >= cap then
+    name = ''
+    e = fair.t[name]
+  end
+  if not e then
+    e = {f = -math.huge, w = weight, due = 0}
+    fair.t[name], fair.n = e, fair.n + 1
+  end
+  e.w, e.name = weight, name
+  return e
+end
+-- admit decides whether a take of priority 0 that costs c (µs) for the
+-- tenant e, whose wait would be wait (µs), is admitted now; when it is
+-- not, it also returns how long until it may be.
+local function admit(e, c, wait)
+  local s = math.max(e.f, fair.v)
+  local turn, ahead = true, 0
+  for _, o in pairs(fair.t) do
+    if o ~= e and o.due >= now then
+      local so = math.max(o.f, fair.v)
+      if so < s then
+        turn, ahead = false, ahead + o.w * (s - so)
+      end
+    end
+  end
+  if turn and wait <= fairQueue then
+    return true
+  end
+  -- Room in the queue comes at the rate: the take is due when the queue
+  -- has room and the tenants ahead of it have had theirs.
+  local retry = math.max(wait - fairQueue, 0) + ahead
+  retry = math.max(math.min(math.ceil(retry), fairNap), 1000)
+  e.due, e.dirty, fair.dirty = now + math.ceil(retry * 1.5) + 100000, true, true
+  if e.f < fair.v then
+    e.f = fair.v
+  end
+  return false, retry
+end
+-- charge records that the tenant e took c (µs) at priority class.
+local function charge(e, c, class)
+  local s = math.max(e.f, fair.v)
+  if class == 0 then
+    fair.v, e.due = s, 0
+  end
+  e.f, e.dirty, fair.dirty = s + c / e.w, true, true
+end
+
 -- The script runs on every request, on Redis's one thread, so the takes
 -- keep to plain arithmetic on locals. Times are in microseconds; tokens
 -- accrue in layer i at rates[i] a second, so t tokens take t / rate *
@@ -604,12 +740,22 @@ if op == 'take' then
     if c > 1 then
       x = 3 * k + 2 * c + 1
     end
-    local need = tonumber(ARGV[x])
+    local arg = ARGV[x]
+    local tenant -- the tenant's entry, when the take names one (see tenants)
+    do
+      local base, w, cap, name = string.match(arg, '^([^|]*)|([0-9.e+-]+)|([0-9]+)|(.*)$')
+      if base and tonumber(w) and tonumber(w) > 0 then
+        arg, tenant = base, tenantOf(name, tonumber(w), tonumber(cap))
+      elseif base then
+        return redis.error_reply('quota: a take for a tenant of weight ' .. w)
+      end
+    end
+    local need = tonumber(arg)
     local each -- one amount per layer, when need is none
     local class = 0
     local shares = {} -- shares[j]: class j's minimum share, for j below class
     if not need then
-      local amount, p, listed = string.match(ARGV[x], '^([^@]*)@([1-7])([0-9.:]*)$')
+      local amount, p, listed = string.match(arg, '^([^@]*)@([1-7])([0-9.:]*)$')
       if amount then
         class = tonumber(p)
         loadClasses(class)
@@ -621,14 +767,14 @@ if op == 'take' then
           j = j + 1
         end
       else
-        amount = ARGV[x]
+        amount = arg
       end
       need = tonumber(amount)
       if not need then
         each = amounts(amount)
       end
       if not need and not each then
-        return redis.error_reply('quota: a take of ' .. tostring(ARGV[x]) .. ' from ' .. k .. ' layers')
+        return redis.error_reply('quota: a take of ' .. tostring(arg) .. ' from ' .. k .. ' layers')
       end
     end
     -- A take that would push a class past its minimum share waits until
@@ -675,7 +821,23 @@ if op == 'take' then
     end
     local wait = math.floor(longest + 0.5)
     local o = #reply
-    if crowded > 0 and not (forever or resuming) then
+    -- cost: the take's time at the slowest layer's rate, what its tenant
+    -- is charged (see tenants).
+    local cost, admitted, retry = 0, true, 0
+    if tenant then
+      for i = 1, k do
+        cost = math.max(cost, (need or each[i]) / rates[i] * 1000000)
+      end
+      if class == 0 and not (forever or resuming) and wait <= tonumber(ARGV[x + 1]) then
+        admitted, retry = admit(tenant, cost, wait)
+      end
+    end
+    if not admitted then
+      reply[o + 1], reply[o + 2], waited = 3, retry, true
+      for i = 1, k do
+        reply[o + 2 + i] = math.floor(from[i])
+      end
+    elseif crowded > 0 and not (forever or resuming) then
       reply[o + 1], reply[o + 2], waited = 2, math.ceil(crowded), true
       for i = 1, k do
         reply[o + 2 + i] = math.floor(from[i])
@@ -700,6 +862,9 @@ if op == 'take' then
         at = now + longest
       else
         wait = 0
+      end
+      if tenant then
+        charge(tenant, cost, class)
       end
       reply[o + 1], reply[o + 2], waited = 1, wait, waited or wait ~= 0
       for i = 1, k do
@@ -750,6 +915,12 @@ if op == 'take' then
       write(i, tats[i])
     end
   end
+  if fair and fair.dirty then
+    saveFair()
+    if not classesDirty then
+      expire()
+    end
+  end
   if classesDirty then
     saveClasses()
     if pushed then
@@ -792,7 +963,7 @@ end
 
 -- A refund or an adjust of a take of a priority class names the class
 -- too, which they do not need: their tokens are the layers'.
-local arg2 = string.gsub(ARGV[2], '@[1-7][0-9.:]*$', '')
+local arg2 = string.gsub(string.gsub(ARGV[2], '|.*$', ''), '@[1-7][0-9.:]*$', '')
 local n = tonumber(arg2)
 local each -- refund, adjust, lower: one amount per layer, when n is none
 if not n and (op == 'refund' or op == 'adjust' or op == 'lower') then

@@ -183,6 +183,7 @@ type Grant struct {
 	Back     []int64       // the layers' give-backs when the take ran, µs (see script.lua); nil without a wait
 	Pushed   []int64       // how far pushes had moved each class's queue in each layer, class 0's first, k each; nil on a bucket no class above 0 took from
 	Crowded  bool          // not granted: the take would push a lower class past its minimum share; Wait is until it has room
+	Held     bool          // not granted: another tenant's turn, or the bucket's queue is full (see script.lua's tenants); Wait is until the take may be admitted
 	Trips    int           // the Redis round trips of its call
 	Size     int           // the takes its call served, when takes share calls; 0 otherwise or when none was sent
 }
@@ -208,6 +209,14 @@ type Cost struct {
 	// Shares are the classes' minimum shares of the rate, by class, 0 or
 	// in (0, 1); a take reads those below its class. nil: none.
 	Shares []float64
+	// Tenant names the tenant the take is for, when Weight is above 0: the
+	// bucket's rate is shared between the tenants that wait, by weight
+	// (see script.lua's tenants). TenantCap is the most tenants the bucket
+	// keeps apart, of which this one is not sure to be one; 0 for a tenant
+	// that always is.
+	Tenant    string
+	Weight    float64
+	TenantCap int
 }
 
 // MaxClass is the highest priority class.
@@ -299,7 +308,7 @@ func Decode(b Bucket, v []int64) (Grant, error) {
 	if v[0] == 0 && v[1] == -2 {
 		g.Resuming, g.Wait = true, 0
 	}
-	g.Crowded = v[0] == 2
+	g.Crowded, g.Held = v[0] == 2, v[0] == 3
 	return g, nil
 }
 
@@ -464,10 +473,10 @@ func (c *argvCache) tokens(n float64) any {
 // then "@" and its class when that is above 0, and the minimum shares of
 // the classes below it when any has one.
 func (c *argvCache) cost(n Cost) any {
-	if n.Each == nil && n.Class == 0 {
+	if n.Each == nil && n.Class == 0 && n.Weight <= 0 {
 		return c.tokens(n.N)
 	}
-	b := make([]byte, 0, 8*max(len(n.Each), 1)+2)
+	b := make([]byte, 0, 8*max(len(n.Each), 1)+2+len(n.Tenant))
 	if n.Each == nil {
 		b = append(b, redisx.Num(n.N)...)
 	}
@@ -486,6 +495,16 @@ func (c *argvCache) cost(n Cost) any {
 				b = strconv.AppendFloat(b, m, 'f', -1, 64)
 			}
 		}
+	}
+	if n.Weight > 0 {
+		// "|", the weight, "|", the cap, "|" and the tenant, last: a
+		// tenant's name may hold any byte.
+		b = append(b, '|')
+		b = strconv.AppendFloat(b, n.Weight, 'f', -1, 64)
+		b = append(b, '|')
+		b = strconv.AppendInt(b, int64(n.TenantCap), 10)
+		b = append(b, '|')
+		b = append(b, n.Tenant...)
 	}
 	return string(b)
 }
