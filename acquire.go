@@ -38,11 +38,19 @@ type ask struct {
 	noWait bool
 	class  int       // the priority; below zero: the context's (see ContextWithPriority)
 	shares []float64 // the priorities' minimum shares (see WithMinShare)
+
+	// The tenant the tokens are for, when tenantSet (see WithTenants);
+	// otherwise the context's. weight is above 0 once weigh found one.
+	tenant    string
+	tenantSet bool
+	weight    float64
+	tenantCap int
+	listed    bool // named in Tenants.Weights
 }
 
 // cost returns what o asks of the bucket's layers.
 func (o ask) cost() store.Cost {
-	return store.Cost{N: o.n, Each: o.each, Class: o.class, Shares: o.shares}
+	return store.Cost{N: o.n, Each: o.each, Class: o.class, Shares: o.shares, Tenant: o.tenant, Weight: o.weight, TenantCap: o.tenantCap}
 }
 
 // acquire serves an ask on the bucket called name: the one acquisition
@@ -57,8 +65,12 @@ func (l *Limiter) acquire(ctx context.Context, name string, o ask) (_ *Slot, err
 		o.class = priorityOf(ctx)
 	}
 	o.shares = l.cfg.minShares
+	l.weigh(ctx, &o)
 	ctx, span := l.obs.start(ctx, name, o.n)
 	span.mode, span.dryRun, span.priority = l.mode(), l.cfg.dryRun, o.class
+	if o.weight > 0 {
+		span.tenant(o.tenant, o.listed)
+	}
 	defer func() {
 		span.end(err)
 		if span.dryRun && err != nil && outcome(err) != outcomeCancelled {
@@ -111,8 +123,16 @@ func (l *Limiter) acquire(ctx context.Context, name string, o ask) (_ *Slot, err
 // the Limiter knows it when it asks; first, when not nil, is the grant of
 // a take already made (with a slot), which it serves before it asks again.
 // Every way back into its loop either sleeps or changes mode: it never
-// calls Redis twice without a pause.
+// calls Redis twice without a pause. A take for a tenant asks only when
+// it is first in its tenant's line in this Limiter, and stays first while
+// its take is held (see WithTenants).
 func (l *Limiter) waitTokens(ctx context.Context, span *waitSpan, b bucket, o ask, first *store.Grant) error {
+	var turn_ *turn // set while it is first in its tenant's line
+	defer func() {
+		if turn_ != nil {
+			turn_.leave(time.Time{})
+		}
+	}()
 	for {
 		if first != nil {
 			g := *first
@@ -137,6 +157,10 @@ func (l *Limiter) waitTokens(ctx context.Context, span *waitSpan, b bucket, o as
 			return err
 		}
 		if mode := l.mode(); mode != ModeShared {
+			if turn_ != nil {
+				turn_.leave(time.Time{}) // the policy serves it: no turn to keep
+				turn_ = nil
+			}
 			span.mode = mode
 			l.degraded(b)
 			wait, err := l.degradedWait(ctx, b, o.cost(), mode, o.noWait)
@@ -146,11 +170,30 @@ func (l *Limiter) waitTokens(ctx context.Context, span *waitSpan, b bucket, o as
 			}
 			return err
 		}
+		if o.weight > 0 && o.class == 0 && !o.noWait && turn_ == nil {
+			var err error
+			if turn_, err = l.lines.join(ctx, lineKey{b.Keys[0], o.tenant}); err != nil {
+				return err
+			}
+			// Not before the queue has room, as far as the grant of the
+			// caller before it told.
+			if err := sleep(ctx, time.Until(turn_.due())); err != nil {
+				return err
+			}
+		}
 		maxWait, deadline := l.maxWait(ctx)
 		if o.noWait {
 			maxWait = 0
 		}
 		g, err := l.store.Take(ctx, b.Bucket, o.cost(), maxWait)
+		if turn_ != nil && !g.Held {
+			var next time.Time
+			if g.Granted && g.Wait > 0 {
+				next = roomAfter(g.Wait, b.costTime(o.cost()))
+			}
+			turn_.leave(next) // the next caller of the tenant may ask
+			turn_ = nil
+		}
 		span.trips += g.Trips
 		if g.Size > 0 {
 			batchSize(ctx, g.Size)
@@ -229,6 +272,25 @@ func (l *Limiter) granted(ctx context.Context, span *waitSpan, b bucket, o ask, 
 			return true, fmt.Errorf("%w: %q's lower priorities are at their minimum share for %v", ErrWouldWait, name, g.Wait)
 		case deadline && g.Wait > maxWait:
 			return true, fmt.Errorf("%w: %q's lower priorities are at their minimum share for %v", ErrWouldExceedDeadline, name, g.Wait)
+		case span.dryRun:
+			span.wait = g.Wait
+			return true, nil
+		}
+		wait := max(g.Wait, minCrowded)
+		if err := sleep(ctx, min(wait+rand.N(wait/2), maxWait)); err != nil {
+			return true, err
+		}
+		return false, nil
+	}
+	if g.Held {
+		// Another tenant's turn, or the bucket's queue is full (see
+		// WithTenants): it asks again when the take may be admitted,
+		// later by up to half as much again.
+		switch {
+		case o.noWait:
+			return true, fmt.Errorf("%w: %q is shared between tenants and is not %q's for %v", ErrWouldWait, name, o.tenant, g.Wait)
+		case deadline && g.Wait > maxWait:
+			return true, fmt.Errorf("%w: %q is shared between tenants and is not %q's for %v", ErrWouldExceedDeadline, name, o.tenant, g.Wait)
 		case span.dryRun:
 			span.wait = g.Wait
 			return true, nil

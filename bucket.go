@@ -2,6 +2,7 @@ package quota
 
 import (
 	"fmt"
+	"time"
 
 	"github.com/sharedquota/quota/internal/control"
 	"github.com/sharedquota/quota/internal/store"
@@ -84,4 +85,14 @@ func (b bucket) checkCost(c store.Cost) error {
 		return fmt.Errorf("%w: bucket %q: nothing asked of any meter", ErrInvalidTokens, b.Name)
 	}
 	return nil
+}
+
+// costTime returns how long c takes to accrue at the rate of b's slowest
+// layer for it.
+func (b bucket) costTime(c store.Cost) time.Duration {
+	var d time.Duration
+	for i, lim := range b.Lims {
+		d = max(d, time.Duration(c.Of(i)/lim.Rate*float64(time.Second)))
+	}
+	return d
 }

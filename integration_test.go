@@ -706,6 +706,11 @@ type workerSpec struct {
 	Priority int
 	// MinShare, when above zero, is WithMinShare(0, MinShare).
 	MinShare float64
+	// Tenant, when set, names the tenant of the worker's acquisitions
+	// (ContextWithTenant); Weights, when set, are the Limiter's
+	// WithTenants.
+	Tenant  string
+	Weights map[string]float64
 	// Rest, when above zero, is how long each goroutine rests between its
 	// requests, as Think, but before the next one: the time a request
 	// waited counts from its ask (stamp.Asked), after the rest.
@@ -761,6 +766,9 @@ func (spec workerSpec) limiterOptions() []Option {
 	}
 	if spec.MinShare > 0 {
 		opts = append(opts, WithMinShare(0, spec.MinShare))
+	}
+	if spec.Weights != nil {
+		opts = append(opts, WithTenants(Tenants{Weights: spec.Weights}))
 	}
 	if spec.OwnPrefix {
 		opts = append(opts, WithPrefix(fmt.Sprintf("quota:%d:", os.Getpid())))
@@ -855,6 +863,9 @@ func (spec workerSpec) acquirer(rdb redis.UniversalClient) (acquireFunc, *Limite
 			if spec.Priority > 0 {
 				ctx = ContextWithPriority(ctx, spec.Priority)
 			}
+			if spec.Tenant != "" {
+				ctx = ContextWithTenant(ctx, spec.Tenant)
+			}
 			req, err := http.NewRequestWithContext(ctx, "GET", spec.URL, nil)
 			if err != nil {
 				return err
@@ -871,6 +882,9 @@ func (spec workerSpec) acquirer(rdb redis.UniversalClient) (acquireFunc, *Limite
 		return func(ctx context.Context) error {
 			if spec.Priority > 0 {
 				ctx = ContextWithPriority(ctx, spec.Priority)
+			}
+			if spec.Tenant != "" {
+				ctx = ContextWithTenant(ctx, spec.Tenant)
 			}
 			return l.WaitN(ctx, spec.Key, cost, spec.Limit, spec.Layers...)
 		}, l
@@ -922,8 +936,8 @@ func runWorker() int {
 		inner := acquire
 		acquire = func(actx context.Context) error {
 			err := inner(actx)
-			if err != nil && actx.Err() != nil {
-				return errSwarmEnded
+			if err != nil && (actx.Err() != nil || errors.Is(err, ErrWouldExceedDeadline)) {
+				return errSwarmEnded // the run's deadline, or a wait past it
 			}
 			return err
 		}

@@ -44,6 +44,7 @@ type Limiter struct {
 	resume   *local.Resume
 	events   *redisx.Listener
 	controls *control.Controls
+	lines    lines // the callers that wait for their tenants' turns
 }
 
 // NewLimiter returns a Limiter that keeps its buckets in rdb, which may be a

@@ -63,6 +63,7 @@ type config struct {
 	name           string
 	slotLease      time.Duration
 	minShares      []float64 // by priority; nil: none
+	tenants        *Tenants  // nil: none (see WithTenants)
 
 	// Transport
 	limiter         *Limiter // shared; nil: the Transport's own
@@ -79,6 +80,7 @@ type config struct {
 	slotLinger      time.Duration // below zero: the bucket's observed p99
 	metering        *metering
 	priority        func(*http.Request) int
+	tenant          func(*http.Request) string
 
 	limiterOpts int // Options given, which WithLimiter refuses beside it
 }

@@ -37,6 +37,7 @@ const (
 	attrSlotEvent  = attribute.Key("quota.slot.event")
 	attrDryRun     = attribute.Key("quota.dry_run")
 	attrPriority   = attribute.Key("quota.priority")
+	attrTenant     = attribute.Key("quota.tenant")
 	attrErrorType  = attribute.Key("error.type")
 )
 
@@ -180,6 +181,19 @@ type waitSpan struct {
 	wait   time.Duration
 
 	priority int // recorded when above 0
+
+	// The tenant, when the tokens are for one (see WithTenants): its name
+	// on the span; on the metrics, its name when listed in
+	// Tenants.Weights, "other" when not, so that traffic adds no series.
+	tenantSpan, tenantMetric string
+}
+
+// tenant records the tenant the tokens are for.
+func (s *waitSpan) tenant(name string, listed bool) {
+	s.tenantSpan, s.tenantMetric = name, name
+	if !listed {
+		s.tenantMetric = "other"
+	}
 }
 
 func (o *observer) start(ctx context.Context, name string, n float64) (context.Context, waitSpan) {
@@ -220,6 +234,9 @@ func (s *waitSpan) end(err error) {
 	}
 	if metrics {
 		set := metric.WithAttributes(attrs...)
+		if s.tenantMetric != "" {
+			set = metric.WithAttributes(append(attrs[:len(attrs):len(attrs)], attrTenant.String(s.tenantMetric))...)
+		}
 		s.o.acquisitions.Add(ctx, 1, set)
 		s.o.waits.Record(ctx, waited, set)
 		if s.slots > 0 {
@@ -231,6 +248,9 @@ func (s *waitSpan) end(err error) {
 		return
 	}
 	s.span.SetAttributes(attrs...)
+	if s.tenantMetric != "" {
+		s.span.SetAttributes(attrTenant.String(s.tenantSpan))
+	}
 	s.span.SetAttributes(attrWait.Float64(waited), attrRoundTrips.Int(s.trips))
 	if s.slots > 0 {
 		s.span.SetAttributes(attrSlots.Int(s.slots), attrSlotWait.Float64(s.slotWait.Seconds()))

@@ -65,7 +65,7 @@ func NewTransport(rdb redis.Scripter, lim Limit, opts ...TransportOption) *Trans
 	shared.limiter, shared.base, shared.key, shared.limits, shared.layers = l, cfg.base, cfg.key, cfg.limits, cfg.layers
 	shared.cost, shared.settle, shared.maxPause, shared.noWait = cfg.cost, cfg.settle, cfg.maxPause, cfg.noWait
 	shared.providerHeaders, shared.concurrency, shared.slotLinger = cfg.providerHeaders, cfg.concurrency, cfg.slotLinger
-	shared.metering, shared.priority = cfg.metering, cfg.priority
+	shared.metering, shared.priority, shared.tenant = cfg.metering, cfg.priority, cfg.tenant
 	return &Transport{limiter: l, cfg: shared, limit: lim}
 }
 
@@ -101,6 +101,9 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	if t.cfg.priority != nil {
 		o.class = t.cfg.priority(req)
+	}
+	if t.cfg.tenant != nil {
+		o.tenant, o.tenantSet = t.cfg.tenant(req), true
 	}
 	slot, err := t.limiter.acquire(req.Context(), name, o)
 	if err != nil {

@@ -611,7 +611,9 @@ end
 --   with how long until it may be (its turn, or room in the queue), at
 --   most fairNap: its caller sleeps that long, and up to half as long
 --   again, and asks again. Meanwhile its tenant counts as waiting: until
---   its caller is due back, with room for the jitter and the call.
+--   its caller is due back, with room for the jitter and the call. So
+--   does a tenant admitted into a queue with no room for its next take,
+--   until there is: the Limiter's next caller of the tenant asks then.
 -- * A take of a priority above 0 is not held: its tenant is charged what
 --   it takes, as if admitted, and so waits that much longer for its next
 --   take of priority 0.
@@ -708,11 +710,18 @@ local function admit(e, c, wait)
   end
   return false, retry
 end
--- charge records that the tenant e took c (µs) at priority class.
-local function charge(e, c, class)
+-- charge records that the tenant e took c (µs) at priority class, with a
+-- wait of wait (µs). A tenant whose next take would find the queue full
+-- is saturating the bucket: it counts as waiting until that take would
+-- find room, and the time to ask, as the Limiters ask it then (see
+-- admit).
+local function charge(e, c, class, wait)
   local s = math.max(e.f, fair.v)
   if class == 0 then
     fair.v, e.due = s, 0
+    if wait + c > fairQueue then
+      e.due = now + wait + c - fairQueue + 100000
+    end
   end
   e.f, e.dirty, fair.dirty = s + c / e.w, true, true
 end
@@ -864,7 +873,7 @@ if op == 'take' then
         wait = 0
       end
       if tenant then
-        charge(tenant, cost, class)
+        charge(tenant, cost, class, wait)
       end
       reply[o + 1], reply[o + 2], waited = 1, wait, waited or wait ~= 0
       for i = 1, k do

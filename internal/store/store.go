@@ -219,6 +219,10 @@ type Cost struct {
 	TenantCap int
 }
 
+// FairQueue is the longest queue of a bucket that a take for a tenant
+// joins (script.lua's fairQueue).
+const FairQueue = 250 * time.Millisecond
+
 // MaxClass is the highest priority class.
 const MaxClass = 7
 

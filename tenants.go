@@ -1,0 +1,199 @@
+package quota
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/sharedquota/quota/internal/store"
+)
+
+// Tenants says how a bucket's rate is shared between the tenants its
+// requests are for (see WithTenants). The zero value weighs every tenant
+// 1 and keeps DefaultMaxTenants apart.
+type Tenants struct {
+	// Weights are the listed tenants' weights, each above 0: on a bucket
+	// whose queue is full, a tenant with requests waiting gets rate x its
+	// weight / the sum of the waiting tenants' weights.
+	Weights map[string]float64
+	// Default is the weight of a tenant not listed; 0 means 1.
+	Default float64
+	// Max is how many tenants not listed a bucket keeps apart; those that
+	// come when as many have requests in the bucket's books share one
+	// place, with the Default weight. 0 means DefaultMaxTenants.
+	Max int
+}
+
+// DefaultMaxTenants is how many tenants not listed in Tenants.Weights a
+// bucket keeps apart by default.
+const DefaultMaxTenants = 64
+
+// WithTenants shares each bucket's rate between the tenants its requests
+// are for, named by WithTenant or ContextWithTenant, by weight: while the
+// bucket has a queue, each tenant with requests waiting is granted rate x
+// weight / the sum of the waiting tenants' weights, across the fleet, and
+// a tenant with nothing waiting leaves its share to the others. A request
+// that names no tenant is the tenant "", with the Default weight.
+//
+// To do so, a bucket's queue is kept at most 250 ms long: the requests
+// beyond it wait in their processes, the first of each tenant in each
+// process asking Redis again when its tenant's turn and room in the queue
+// are due (at most 250 ms later), so that a bucket that is saturated
+// costs about two Redis calls a request. A tenant that stops leaves its
+// share to the others within half a second. A request of a priority above
+// 0 (see WithPriority) is not held: it is charged to its tenant's share.
+// While Redis is unavailable, a local share (FallbackLocal) serves its
+// callers first come, first served.
+//
+// Give every Limiter of the fleet the same Tenants: each request carries
+// its tenant's weight. It panics on a weight that is not above 0 and
+// finite, or a Default or Max below 0.
+func WithTenants(t Tenants) Option {
+	for name, w := range t.Weights {
+		if !(w > 0) || math.IsInf(w, 0) {
+			panic(fmt.Sprintf("quota: WithTenants: tenant %q's weight is %v, want above 0", name, w))
+		}
+	}
+	if !(t.Default >= 0) || math.IsInf(t.Default, 0) || t.Max < 0 {
+		panic(fmt.Sprintf("quota: WithTenants: Default %v and Max %d, want neither below 0", t.Default, t.Max))
+	}
+	if t.Default == 0 {
+		t.Default = 1
+	}
+	if t.Max == 0 {
+		t.Max = DefaultMaxTenants
+	}
+	return limiterOpt(func(c *config) { c.tenants = &t })
+}
+
+// WithTenant names each request's tenant, for the shares of WithTenants.
+// Without it, a request is for its context's tenant (see
+// ContextWithTenant). It panics if f is nil.
+func WithTenant(f func(*http.Request) string) TransportOption {
+	if f == nil {
+		panic("quota: WithTenant(nil)")
+	}
+	return transportOpt(func(c *config) { c.tenant = f })
+}
+
+type tenantKey struct{}
+
+// ContextWithTenant returns a copy of ctx whose tokens are for tenant (see
+// WithTenants): for a Limiter's Wait, WaitN, Allow, AllowN and Reserve,
+// and for a Transport's requests without WithTenant. On a Limiter without
+// WithTenants, the tenants weigh 1 each.
+func ContextWithTenant(ctx context.Context, tenant string) context.Context {
+	return context.WithValue(ctx, tenantKey{}, tenant)
+}
+
+// tenantOf returns the tenant ctx names, and whether it names one.
+func tenantOf(ctx context.Context) (string, bool) {
+	t, ok := ctx.Value(tenantKey{}).(string)
+	return t, ok
+}
+
+// weigh sets what o asks for its tenant, under the Limiter's Tenants:
+// nothing when neither names one.
+func (l *Limiter) weigh(ctx context.Context, o *ask) {
+	if !o.tenantSet {
+		o.tenant, o.tenantSet = tenantOf(ctx)
+	}
+	t := l.cfg.tenants
+	if t == nil {
+		if !o.tenantSet {
+			return
+		}
+		t = &Tenants{Default: 1, Max: DefaultMaxTenants}
+	}
+	o.tenantSet = true
+	if w, ok := t.Weights[o.tenant]; ok {
+		o.weight, o.tenantCap, o.listed = w, 0, true
+		return
+	}
+	o.weight, o.tenantCap = t.Default, t.Max
+}
+
+// lines are the Limiter's callers that wait for their tenants' turns, in
+// line by bucket and tenant: only the first of each line asks Redis, so
+// that a tenant's requests held in one process cost one call at a time.
+type lines struct {
+	mu sync.Mutex
+	m  map[lineKey]*line
+}
+
+type lineKey struct{ bucket, tenant string }
+
+type line struct {
+	turn  chan struct{} // holds a value while a caller is first
+	users int           // callers in line or first, under lines.mu
+	next  time.Time     // when the first may ask: the bucket's queue has room for it, as far as the last grant told
+}
+
+// A turn is a caller's place at the head of its line.
+type turn struct {
+	ls   *lines
+	key  lineKey
+	ln   *line
+	once sync.Once
+}
+
+// join waits until the caller is first in the line of key, and returns
+// its turn; it fails with ctx's error.
+func (ls *lines) join(ctx context.Context, key lineKey) (*turn, error) {
+	ls.mu.Lock()
+	if ls.m == nil {
+		ls.m = make(map[lineKey]*line)
+	}
+	ln := ls.m[key]
+	if ln == nil {
+		ln = &line{turn: make(chan struct{}, 1)}
+		ls.m[key] = ln
+	}
+	ln.users++
+	ls.mu.Unlock()
+	t := &turn{ls: ls, key: key, ln: ln}
+	select {
+	case ln.turn <- struct{}{}: // waiting senders are served in order
+		return t, nil
+	case <-ctx.Done():
+		t.gone()
+		return nil, ctx.Err()
+	}
+}
+
+// due returns when the caller first in line may ask.
+func (t *turn) due() time.Time {
+	t.ls.mu.Lock()
+	defer t.ls.mu.Unlock()
+	return t.ln.next
+}
+
+// leave lets the next caller in line be first, and ask from next on.
+func (t *turn) leave(next time.Time) {
+	t.once.Do(func() {
+		t.ls.mu.Lock()
+		t.ln.next = next
+		t.ls.mu.Unlock()
+		<-t.ln.turn
+		t.gone()
+	})
+}
+
+// gone counts the caller out of its line.
+func (t *turn) gone() {
+	t.ls.mu.Lock()
+	defer t.ls.mu.Unlock()
+	if t.ln.users--; t.ln.users == 0 {
+		delete(t.ls.m, t.key)
+	}
+}
+
+// roomAfter returns when a bucket's queue, which a grant with a wait of
+// wait just joined, has room for the next take of cost, which costs its
+// slowest layer d (see store.FairQueue).
+func roomAfter(wait, d time.Duration) time.Time {
+	return time.Now().Add(wait + d - store.FairQueue)
+}
