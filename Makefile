@@ -19,6 +19,12 @@
 GO          ?= go
 STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
+# -trimpath keeps the clone's directory out of what is built, and so out of
+# the build cache's keys: a fresh clone of a commit built before on the
+# machine compiles, vets and links nothing again (about a minute of
+# make test).
+export GOFLAGS := $(strip $(GOFLAGS) -trimpath)
+
 .PHONY: demo test check bench e2e lint redis fuzz
 
 demo: redis
