@@ -262,35 +262,22 @@ func (l *Limiter) granted(ctx context.Context, span *waitSpan, b bucket, o ask, 
 		}
 		return false, nil
 	}
-	if g.Crowded {
-		// The take would push a lower priority past its minimum share
-		// (WithMinShare): it asks again once the share has room, later by
-		// up to half as much again, so that the callers refused together
-		// do not all ask at once.
+	if g.Crowded || g.Held {
+		// The take took nothing and is to ask again in g.Wait: it would
+		// push a lower priority past its minimum share (WithMinShare), or
+		// it is another tenant's turn, or the bucket's queue is full
+		// (WithTenants). It asks again then, later by up to half as much
+		// again, so that the callers refused together do not all ask at
+		// once.
+		why := fmt.Sprintf("%q's lower priorities are at their minimum share", name)
+		if g.Held {
+			why = fmt.Sprintf("%q is shared between tenants and is not %q's", name, o.tenant)
+		}
 		switch {
 		case o.noWait:
-			return true, fmt.Errorf("%w: %q's lower priorities are at their minimum share for %v", ErrWouldWait, name, g.Wait)
+			return true, fmt.Errorf("%w: %s for %v", ErrWouldWait, why, g.Wait)
 		case deadline && g.Wait > maxWait:
-			return true, fmt.Errorf("%w: %q's lower priorities are at their minimum share for %v", ErrWouldExceedDeadline, name, g.Wait)
-		case span.dryRun:
-			span.wait = g.Wait
-			return true, nil
-		}
-		wait := max(g.Wait, minCrowded)
-		if err := sleep(ctx, min(wait+rand.N(wait/2), maxWait)); err != nil {
-			return true, err
-		}
-		return false, nil
-	}
-	if g.Held {
-		// Another tenant's turn, or the bucket's queue is full (see
-		// WithTenants): it asks again when the take may be admitted,
-		// later by up to half as much again.
-		switch {
-		case o.noWait:
-			return true, fmt.Errorf("%w: %q is shared between tenants and is not %q's for %v", ErrWouldWait, name, o.tenant, g.Wait)
-		case deadline && g.Wait > maxWait:
-			return true, fmt.Errorf("%w: %q is shared between tenants and is not %q's for %v", ErrWouldExceedDeadline, name, o.tenant, g.Wait)
+			return true, fmt.Errorf("%w: %s for %v", ErrWouldExceedDeadline, why, g.Wait)
 		case span.dryRun:
 			span.wait = g.Wait
 			return true, nil
@@ -354,8 +341,8 @@ func (l *Limiter) recordFailure(ctx context.Context, err error) {
 	span.end(err)
 }
 
-// minCrowded is the least a take that a minimum share refused sleeps
-// before it asks again.
+// minCrowded is the least a take that a minimum share refused, or that
+// was held for a tenant's turn, sleeps before it asks again.
 const minCrowded = 5 * time.Millisecond
 
 // errAskAgain tells acquire that the policy slept MaxWait without granting.

@@ -110,7 +110,7 @@ func TestTenantsShareByWeight(t *testing.T) {
 				t.Errorf("without tenants, the heavy one had %.3f of the grants, want about 0.5", share)
 			}
 			// The heavy tenant stops: from 300 ms on, the light one has it all.
-			_, light = run(10*time.Second, 10*time.Second+300*time.Millisecond, ts[8:])
+			run(10*time.Second, 10*time.Second+300*time.Millisecond, ts[8:])
 			_, light = run(10*time.Second+300*time.Millisecond, 12*time.Second+300*time.Millisecond, ts[8:])
 			asks, grants := 0, 0
 			for _, x := range ts {
