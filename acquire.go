@@ -46,6 +46,9 @@ type ask struct {
 	weight    float64
 	tenantCap int
 	listed    bool // named in Tenants.Weights
+	// wake, while it is first in its tenant's line, tells of a give-back
+	// on the bucket: a held take asks again at once.
+	wake <-chan struct{}
 }
 
 // cost returns what o asks of the bucket's layers.
@@ -127,10 +130,18 @@ func (l *Limiter) acquire(ctx context.Context, name string, o ask) (_ *Slot, err
 // it is first in its tenant's line in this Limiter, and stays first while
 // its take is held (see WithTenants).
 func (l *Limiter) waitTokens(ctx context.Context, span *waitSpan, b bucket, o ask, first *store.Grant) error {
-	var turn_ *turn // set while it is first in its tenant's line
+	var head *turn    // set while it is first in its tenant's line
+	var listen func() // set while its take is held: give-backs are announced
+	leave := func(next time.Time) {
+		head.leave(next)
+		if listen != nil {
+			listen()
+		}
+		head, listen, o.wake = nil, nil, nil
+	}
 	defer func() {
-		if turn_ != nil {
-			turn_.leave(time.Time{})
+		if head != nil {
+			leave(time.Time{})
 		}
 	}()
 	for {
@@ -157,9 +168,8 @@ func (l *Limiter) waitTokens(ctx context.Context, span *waitSpan, b bucket, o as
 			return err
 		}
 		if mode := l.mode(); mode != ModeShared {
-			if turn_ != nil {
-				turn_.leave(time.Time{}) // the policy serves it: no turn to keep
-				turn_ = nil
+			if head != nil {
+				leave(time.Time{}) // the policy serves it: no turn to keep
 			}
 			span.mode = mode
 			l.degraded(b)
@@ -170,14 +180,15 @@ func (l *Limiter) waitTokens(ctx context.Context, span *waitSpan, b bucket, o as
 			}
 			return err
 		}
-		if o.weight > 0 && o.class == 0 && !o.noWait && turn_ == nil {
+		if o.weight > 0 && o.class == 0 && !o.noWait && head == nil {
 			var err error
-			if turn_, err = l.lines.join(ctx, lineKey{b.Keys[0], o.tenant}); err != nil {
+			if head, err = l.lines.join(ctx, lineKey{b.Keys[0], o.tenant}); err != nil {
 				return err
 			}
+			o.wake = head.ln.wake
 			// Not before the queue has room, as far as the grant of the
 			// caller before it told.
-			if err := sleep(ctx, time.Until(turn_.due())); err != nil {
+			if err := sleepOr(ctx, time.Until(head.due()), o.wake); err != nil {
 				return err
 			}
 		}
@@ -186,13 +197,15 @@ func (l *Limiter) waitTokens(ctx context.Context, span *waitSpan, b bucket, o as
 			maxWait = 0
 		}
 		g, err := l.store.Take(ctx, b.Bucket, o.cost(), maxWait)
-		if turn_ != nil && !g.Held {
+		if head != nil && g.Held && listen == nil {
+			listen = l.events.Hold()
+		}
+		if head != nil && !g.Held {
 			var next time.Time
 			if g.Granted && g.Wait > 0 {
 				next = roomAfter(g.Wait, b.costTime(o.cost()))
 			}
-			turn_.leave(next) // the next caller of the tenant may ask
-			turn_ = nil
+			leave(next) // the next caller of the tenant may ask
 		}
 		span.trips += g.Trips
 		if g.Size > 0 {
@@ -283,7 +296,7 @@ func (l *Limiter) granted(ctx context.Context, span *waitSpan, b bucket, o ask, 
 			return true, nil
 		}
 		wait := max(g.Wait, minCrowded)
-		if err := sleep(ctx, min(wait+rand.N(wait/2), maxWait)); err != nil {
+		if err := sleepOr(ctx, min(wait+rand.N(wait/2), maxWait), o.wake); err != nil {
 			return true, err
 		}
 		return false, nil
@@ -370,6 +383,12 @@ func (l *Limiter) maxWait(ctx context.Context) (wait time.Duration, deadline boo
 
 // sleep waits for d or until ctx ends, whichever comes first.
 func sleep(ctx context.Context, d time.Duration) error {
+	return sleepOr(ctx, d, nil)
+}
+
+// sleepOr is sleep that also ends, without an error, when wake (if not
+// nil) receives.
+func sleepOr(ctx context.Context, d time.Duration, wake <-chan struct{}) error {
 	if d <= 0 {
 		return nil
 	}
@@ -377,6 +396,8 @@ func sleep(ctx context.Context, d time.Duration) error {
 	defer t.Stop()
 	select {
 	case <-t.C:
+		return nil
+	case <-wake:
 		return nil
 	case <-ctx.Done():
 		return ctx.Err()

@@ -37,6 +37,7 @@ type Limiter struct {
 	handOver bool // FallbackLocal's coordinated resume (off only in tests)
 	noJoin   bool // tests only: takes no part in a hand-over it did not see (see joins)
 	noPushes bool // tests only: its sleepers ignore the pushes of higher priorities (see pushedBack)
+	noCharge bool // tests only: its settles leave the tenants' shares as reserved (see charge)
 	locals   local.Shares
 	workers  local.Workers
 	updates  updates
@@ -215,6 +216,7 @@ func (l *Limiter) announced(payload string) {
 	if rest, ok := strings.CutPrefix(payload, "b "); ok {
 		if backs, key, ok := strings.Cut(rest, "\n"); ok {
 			l.controls.GaveBack(key, backs)
+			l.lines.gaveBack(key)
 		}
 		return
 	}

@@ -223,6 +223,11 @@ func (l *Limiter) adjust(ctx context.Context, name string, o ask, extra, lows []
 		return
 	}
 	c := store.Cost{N: extra[0], Each: extra}
+	used := make([]float64, len(extra))
+	for i := range extra {
+		used[i] = max(o.each[i]+extra[i], 0)
+	}
+	l.charge(ctx, b, o, store.Cost{Each: used}, &c)
 	id := settleID()
 	l.startUpdates(ctx, b, []update{{updateSettle, func(ctx context.Context) error {
 		return l.store.AdjustLower(ctx, b.Bucket, c, lows, id)

@@ -45,6 +45,9 @@ const DefaultMaxTenants = 64
 // costs about two Redis calls a request. A tenant that stops leaves its
 // share to the others within half a second. A request of a priority above
 // 0 (see WithPriority) is not held: it is charged to its tenant's share.
+// A settle (WithMetering, Reservation.Settle, WithSettle) charges or gives
+// back the difference between what a request reserved and what it used,
+// so that the tenants share what they use.
 // While Redis is unavailable, a local share (FallbackLocal) serves its
 // callers first come, first served.
 //
@@ -116,6 +119,17 @@ func (l *Limiter) weigh(ctx context.Context, o *ask) {
 	o.weight, o.tenantCap = t.Default, t.Max
 }
 
+// charge makes c, the adjust of a settle of o that found it used used,
+// charge o's tenant what its take cost more, or give back what it cost
+// less, so that the tenants share what they used, not what they reserved.
+func (l *Limiter) charge(ctx context.Context, b bucket, o ask, used store.Cost, c *store.Cost) {
+	if l.weigh(ctx, &o); o.weight <= 0 || l.noCharge {
+		return
+	}
+	c.Tenant, c.Weight, c.TenantCap = o.tenant, o.weight, o.tenantCap
+	c.Charge = float64((b.costTime(used) - b.costTime(o.cost())).Microseconds())
+}
+
 // lines are the Limiter's callers that wait for their tenants' turns, in
 // line by bucket and tenant: only the first of each line asks Redis, so
 // that a tenant's requests held in one process cost one call at a time.
@@ -128,6 +142,7 @@ type lineKey struct{ bucket, tenant string }
 
 type line struct {
 	turn  chan struct{} // holds a value while a caller is first
+	wake  chan struct{} // a give-back on the bucket: the first, held, asks again at once
 	users int           // callers in line or first, under lines.mu
 	next  time.Time     // when the first may ask: the bucket's queue has room for it, as far as the last grant told
 }
@@ -149,7 +164,7 @@ func (ls *lines) join(ctx context.Context, key lineKey) (*turn, error) {
 	}
 	ln := ls.m[key]
 	if ln == nil {
-		ln = &line{turn: make(chan struct{}, 1)}
+		ln = &line{turn: make(chan struct{}, 1), wake: make(chan struct{}, 1)}
 		ls.m[key] = ln
 	}
 	ln.users++
@@ -180,6 +195,22 @@ func (t *turn) leave(next time.Time) {
 		<-t.ln.turn
 		t.gone()
 	})
+}
+
+// gaveBack wakes the first caller of each line of the bucket under key,
+// held while it may not be its tenant's turn any longer: a settle gave
+// tokens back, and its tenant's share with them (see charge).
+func (ls *lines) gaveBack(key string) {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	for k, ln := range ls.m {
+		if k.bucket == key {
+			select {
+			case ln.wake <- struct{}{}:
+			default:
+			}
+		}
+	}
 }
 
 // gone counts the caller out of its line.

@@ -308,3 +308,60 @@ func TestTenantsMeet(t *testing.T) {
 		}
 	})
 }
+
+// runSettledTenants has two tenants of weight 1 reserve 10 tokens a
+// request for 3 s, 5 goroutines each, on a metered bucket of 100 tokens a
+// second: a uses all 10, b 2, and each settles at once. It returns b's
+// part of the tokens used.
+func runSettledTenants(t *testing.T, charge bool) float64 {
+	t.Helper()
+	_, rdb := limiterServer(t)
+	l := NewLimiter(rdb, WithTenants(Tenants{}))
+	l.noCharge = !charge
+	meters := []Meter{{Name: "tokens", Limit: Limit{Rate: 100, Burst: 10}}}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	var mu sync.Mutex
+	used := map[string]float64{}
+	var wg sync.WaitGroup
+	for tenant, n := range map[string]float64{"a": 10, "b": 2} {
+		for range 5 {
+			wg.Go(func() {
+				tctx := ContextWithTenant(ctx, tenant)
+				for {
+					r, err := l.Reserve(tctx, "settled", meters, Usage{"tokens": 10})
+					if err != nil {
+						return
+					}
+					r.Settle(Usage{"tokens": n})
+					mu.Lock()
+					used[tenant] += n
+					mu.Unlock()
+				}
+			})
+		}
+	}
+	wg.Wait()
+	share := used["b"] / (used["a"] + used["b"])
+	t.Logf("settles charge the tenants: %v; a used %.0f tokens, b %.0f (b's part %.3f)", charge, used["a"], used["b"], share)
+	return share
+}
+
+// Tenants share what they use: a settle that gives tokens back gives its
+// tenant's share back too, so that a tenant that reserves 10 tokens and
+// uses 2 gets half of what the tenants use, not a sixth.
+func TestTenantsShareWhatTheyUse(t *testing.T) {
+	t.Parallel()
+	if share := runSettledTenants(t, true); math.Abs(share-0.5) > 0.12 {
+		t.Errorf("b, which used 2 of each 10 it reserved, had %.3f of the tokens used, want half", share)
+	}
+}
+
+// The negative control: settles that leave the shares as reserved give b
+// a sixth of what is used (2 of 12).
+func TestTenantsShareWhatTheyUseCatchesReservations(t *testing.T) {
+	t.Parallel()
+	if share := runSettledTenants(t, false); share > 0.3 {
+		t.Errorf("with the shares as reserved, b had %.3f of the tokens used, want about 1/6", share)
+	}
+}

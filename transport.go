@@ -300,9 +300,11 @@ func (t *Transport) learn(ctx context.Context, name string, o ask, resp *http.Re
 				t.limiter.updates.cut.Add(ctx, extra-bound, metric.WithAttributes(attrKey.String(b.Name)))
 				extra = bound
 			}
+			c := store.Tokens(extra)
+			t.limiter.charge(ctx, b, o, store.Tokens(cost+extra), &c)
 			id := settleID()
 			us = append(us, update{updateSettle, func(ctx context.Context) error {
-				return st.Adjust(ctx, b.Bucket, store.Tokens(extra), id)
+				return st.Adjust(ctx, b.Bucket, c, id)
 			}})
 		}
 	}

@@ -45,7 +45,7 @@
 --                 given a minimum share (see shares);
 --   fv, f:<tenant>
 --                 the virtual time of the bucket's tenants, and each
---                 tenant's "<finish> <weight> <waiting until>" (see
+--                 tenant's "<finish> <weight> <waiting until> <asked last>" (see
 --                 tenants);
 --   seen          the first layer's Limit the Limiters last passed,
 --                 "<rate> <burst>"; layers, the further layers' key
@@ -72,9 +72,11 @@
 --             when it is above 0 (see classes), and then, when classes
 --             below it have minimum shares, ":" and the share of each
 --             class from 0 up, "0" for none (see shares); then, for
---             a take for a tenant, "|", the tenant's weight (> 0), "|",
---             the most tenants the bucket keeps apart (0: this one
---             always), "|" and the tenant's name (see tenants);
+--             a take or an adjust for a tenant, "|", the tenant's weight
+--             (> 0), "|", the most tenants the bucket keeps apart (0:
+--             this one always), "|", for an adjust the µs its tenant is
+--             charged more (below 0: given back) or nothing, "|" and the
+--             tenant's name (see tenants);
 --             pause: how long, in microseconds, nothing may be granted;
 --             resuming: the instant, in microseconds, the fleet leaves
 --             its local shares after an outage;
@@ -598,10 +600,11 @@ end
 -- bucket's queue short for such takes, and decides who joins it:
 --
 -- * Start-time fair queueing. A tenant's next take starts, in virtual
---   time, where its last one finished or where the bucket's virtual time
---   stands, whichever is later, and finishes its cost (µs of the slowest
---   layer's rate) / weight later. The bucket's virtual time (fv) is the
---   start of the latest take it admitted. A take is admitted when no
+--   time, where its last one finished or, for a tenant that has not asked
+--   lately, where the bucket's virtual time stands if that is later; it
+--   finishes its cost (µs of the slowest layer's rate) / weight later.
+--   The bucket's virtual time (fv) is the latest start of a take it
+--   admitted. A take is admitted when no
 --   other waiting tenant would start before it, and then only while the
 --   bucket's queue, with it, is at most fairQueue long: the grants
 --   already given out, which nobody can take back, are never more than
@@ -617,15 +620,20 @@ end
 -- * A take of a priority above 0 is not held: its tenant is charged what
 --   it takes, as if admitted, and so waits that much longer for its next
 --   take of priority 0.
+-- * A settle (adjust) charges its tenant what its take is now reckoned
+--   to have cost more, or gives back what it cost less: the shares are
+--   of what the tenants used, not of what they reserved.
 --
 -- Each tenant is a field of the record, f:<tenant> = "<finish> <weight>
--- <waiting until>"; one that waits for nothing and whose finish the
--- virtual time has passed is as if absent, and is removed. A take names
+-- <waiting until> <asked last>"; one that waits for nothing, has not asked
+-- for fairActive and whose finish the virtual time has passed is as if
+-- absent, and is removed. A take names
 -- the most tenants the bucket keeps apart: a tenant not among them when
 -- as many are takes as the tenant "" (the others), unless its cap is 0 (a
 -- tenant the Limiters list by name).
 local fairQueue = 250000 -- µs
 local fairNap = 250000 -- µs
+local fairActive = 500000 -- µs a tenant that asked keeps a finish behind fv
 local fair -- {v, t = {tenant = {f, w, due}}, n, dirty}, read by loadFair
 local function loadFair()
   if fair then
@@ -640,10 +648,10 @@ local function loadFair()
   end
   for i = 1, #h, 2 do
     if string.sub(h[i], 1, 2) == 'f:' then
-      local fin, w, due = string.match(h[i + 1], '^(%S+) (%S+) (%S+)$')
-      fin, w, due = tonumber(fin), tonumber(w), tonumber(due)
-      if fin and w and due and (fin > fair.v or due >= now) then
-        fair.t[string.sub(h[i], 3)] = {f = fin, w = w, due = due}
+      local fin, w, due, seen = string.match(h[i + 1], '^(%S+) (%S+) (%S+) (%S+)$')
+      fin, w, due, seen = tonumber(fin), tonumber(w), tonumber(due), tonumber(seen)
+      if fin and w and due and seen and (fin > fair.v or due >= now or seen + fairActive >= now) then
+        fair.t[string.sub(h[i], 3)] = {f = fin, w = w, due = due, seen = seen}
         fair.n = fair.n + 1
       else
         fair.gone[#fair.gone + 1] = h[i]
@@ -663,7 +671,7 @@ local function saveFair()
   local h = {'fv', string.format('%.3f', fair.v)}
   for name, e in pairs(fair.t) do
     if e.dirty then
-      h[#h + 1], h[#h + 2] = 'f:' .. name, string.format('%.3f %s %d', e.f, e.w, e.due)
+      h[#h + 1], h[#h + 2] = 'f:' .. name, string.format('%.3f %s %d %d', e.f, e.w, e.due, e.seen)
     end
   end
   redis.call('HSET', ctl, unpack(h))
@@ -677,21 +685,46 @@ local function tenantOf(name, weight, cap)
     e = fair.t[name]
   end
   if not e then
-    e = {f = -math.huge, w = weight, due = 0}
+    e = {f = -math.huge, w = weight, due = 0, seen = 0}
     fair.t[name], fair.n = e, fair.n + 1
   end
-  e.w, e.name = weight, name
+  e.w = weight
   return e
+end
+-- tenantArg splits a take's or an adjust's ARGV[2] into its amounts and
+-- what it says of its tenant, when it names one: {name, w, cap, charge}
+-- (see the ARGV); it returns nil and an error reply for a bad weight.
+local function tenantArg(arg)
+  local base, w, cap, charge, name = string.match(arg, '^([^|]*)|([^|]*)|([0-9]+)|([0-9e+-]*)|(.*)$')
+  if not base then
+    return arg
+  end
+  w = tonumber(w)
+  if not w or w <= 0 or w == math.huge then
+    return nil, redis.error_reply('quota: a take for a tenant of weight ' .. tostring(w))
+  end
+  return base, {name = name, w = w, cap = tonumber(cap), charge = tonumber(charge) or 0}
+end
+-- start returns where the tenant e's next take starts in virtual time:
+-- where its last one finished, or where the virtual time stands when
+-- that is later and the tenant has not asked for fairActive (a tenant
+-- that keeps asking keeps what its settles gave back, one that comes
+-- back does not).
+local function start(e)
+  if e.seen + fairActive >= now then
+    return e.f
+  end
+  return math.max(e.f, fair.v)
 end
 -- admit decides whether a take of priority 0 that costs c (µs) for the
 -- tenant e, whose wait would be wait (µs), is admitted now; when it is
 -- not, it also returns how long until it may be.
 local function admit(e, c, wait)
-  local s = math.max(e.f, fair.v)
+  local s = start(e)
   local turn, ahead = true, 0
   for _, o in pairs(fair.t) do
     if o ~= e and o.due >= now then
-      local so = math.max(o.f, fair.v)
+      local so = start(o)
       if so < s then
         turn, ahead = false, ahead + o.w * (s - so)
       end
@@ -704,10 +737,7 @@ local function admit(e, c, wait)
   -- has room and the tenants ahead of it have had theirs.
   local retry = math.max(wait - fairQueue, 0) + ahead
   retry = math.max(math.min(math.ceil(retry), fairNap), 1000)
-  e.due, e.dirty, fair.dirty = now + math.ceil(retry * 1.5) + 100000, true, true
-  if e.f < fair.v then
-    e.f = fair.v
-  end
+  e.f, e.due, e.seen, e.dirty, fair.dirty = s, now + math.ceil(retry * 1.5) + 100000, now, true, true
   return false, retry
 end
 -- charge records that the tenant e took c (µs) at priority class, with a
@@ -716,14 +746,14 @@ end
 -- find room, and the time to ask, as the Limiters ask it then (see
 -- admit).
 local function charge(e, c, class, wait)
-  local s = math.max(e.f, fair.v)
+  local s = start(e)
   if class == 0 then
-    fair.v, e.due = s, 0
-    if wait + c > fairQueue then
-      e.due = now + wait + c - fairQueue + 100000
+    fair.v, e.due = math.max(fair.v, s), 0
+    if wait > 0 then
+      e.due = now + math.max(wait + c - fairQueue, 0) + 100000
     end
   end
-  e.f, e.dirty, fair.dirty = s + c / e.w, true, true
+  e.f, e.seen, e.dirty, fair.dirty = s + c / e.w, now, true, true
 end
 
 -- The script runs on every request, on Redis's one thread, so the takes
@@ -744,20 +774,31 @@ if op == 'take' then
     channel = ARGV[#ARGV]
   end
   local reply, waited, pushed = {}, false, false
+  if callers > 1 then
+    -- The tenants a batch names all ask now: each waits, for the turns of
+    -- those served before it in the batch (see tenants).
+    for c = 1, callers do
+      local x = 2
+      if c > 1 then
+        x = 3 * k + 2 * c + 1
+      end
+      local arg, t = tenantArg(ARGV[x])
+      if arg and t and not string.find(arg, '@', 1, true) then
+        local e = tenantOf(t.name, t.w, t.cap)
+        e.due = math.max(e.due, now)
+      end
+    end
+  end
   for c = 1, callers do
     local x = 2 -- where caller c's n is, its longest wait after it
     if c > 1 then
       x = 3 * k + 2 * c + 1
     end
-    local arg = ARGV[x]
-    local tenant -- the tenant's entry, when the take names one (see tenants)
-    do
-      local base, w, cap, name = string.match(arg, '^([^|]*)|([0-9.e+-]+)|([0-9]+)|(.*)$')
-      if base and tonumber(w) and tonumber(w) > 0 then
-        arg, tenant = base, tenantOf(name, tonumber(w), tonumber(cap))
-      elseif base then
-        return redis.error_reply('quota: a take for a tenant of weight ' .. w)
-      end
+    local arg, tenant = tenantArg(ARGV[x])
+    if not arg then
+      return tenant
+    elseif tenant then
+      tenant = tenantOf(tenant.name, tenant.w, tenant.cap) -- its entry (see tenants)
     end
     local need = tonumber(arg)
     local each -- one amount per layer, when need is none
@@ -972,7 +1013,11 @@ end
 
 -- A refund or an adjust of a take of a priority class names the class
 -- too, which they do not need: their tokens are the layers'.
-local arg2 = string.gsub(string.gsub(ARGV[2], '|.*$', ''), '@[1-7][0-9.:]*$', '')
+local arg2, tenant = tenantArg(ARGV[2])
+if not arg2 then
+  return tenant
+end
+arg2 = string.gsub(arg2, '@[1-7][0-9.:]*$', '')
 local n = tonumber(arg2)
 local each -- refund, adjust, lower: one amount per layer, when n is none
 if not n and (op == 'refund' or op == 'adjust' or op == 'lower') then
@@ -1027,6 +1072,15 @@ if op == 'adjust' and ARGV[3] ~= '' then
     return r
   end
   redis.call('PEXPIRE', KEYS[k + 2], 60000)
+end
+if op == 'adjust' and tenant and tenant.charge ~= 0 then
+  -- The settle's tenant is charged what its take cost more, or given
+  -- back what it cost less (see tenants).
+  local e = tenantOf(tenant.name, tenant.w, tenant.cap)
+  e.f = start(e) + tenant.charge / e.w
+  e.dirty, fair.dirty = true, true
+  saveFair()
+  expire()
 end
 
 for i = 1, k do

@@ -217,6 +217,10 @@ type Cost struct {
 	Tenant    string
 	Weight    float64
 	TenantCap int
+	// Charge, for an adjust, is how much longer (µs) the tenant's take is
+	// now reckoned to have held the bucket, below 0 when shorter: a settle
+	// that gives tokens back gives the tenant's share that much back.
+	Charge float64
 }
 
 // FairQueue is the longest queue of a bucket that a take for a tenant
@@ -501,12 +505,16 @@ func (c *argvCache) cost(n Cost) any {
 		}
 	}
 	if n.Weight > 0 {
-		// "|", the weight, "|", the cap, "|" and the tenant, last: a
-		// tenant's name may hold any byte.
+		// "|", the weight, "|", the cap, "|", the charge or nothing, "|"
+		// and the tenant, last: a tenant's name may hold any byte.
 		b = append(b, '|')
 		b = strconv.AppendFloat(b, n.Weight, 'f', -1, 64)
 		b = append(b, '|')
 		b = strconv.AppendInt(b, int64(n.TenantCap), 10)
+		b = append(b, '|')
+		if n.Charge != 0 {
+			b = strconv.AppendFloat(b, n.Charge, 'f', 0, 64)
+		}
 		b = append(b, '|')
 		b = append(b, n.Tenant...)
 	}
