@@ -5,7 +5,6 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
-	"math"
 	"slices"
 	"time"
 
@@ -136,30 +135,57 @@ func (l *Limiter) awaitPause(ctx context.Context, span *waitSpan, b bucket, o *a
 }
 
 // sleepOn waits for a grant of bucket b, a take of n, that falls due after
-// g.Wait, later by as much as a pause or a change of the Limit in force,
-// recorded since the take, moved the queue it was granted in, and sooner
-// by as much as give-backs moved it (see backOff). When ctx ends first,
-// or a pause moves the grant past ctx's deadline, it returns how far the
-// grant had been moved with the error, for the refund.
+// g.Wait, or when the bucket's timeline says once it moved: every pause,
+// resume, change of the Limit in force and give-back recorded since the
+// take moves the grant, however many there were (see control.Anchor),
+// and takes of higher priority classes push it back (see pushedBack).
+// When ctx ends first, or a pause moves the grant past ctx's deadline, it
+// returns how far the grant had been moved later with the error, for the
+// refund.
 func (l *Limiter) sleepOn(ctx context.Context, b bucket, g store.Grant, n store.Cost) (time.Duration, error) {
 	if g.Wait <= 0 {
 		return 0, nil
 	}
 	replied := time.Now()
 	due := replied.Add(g.Wait)
-	if b.ctl == nil {
+	if b.ctl == nil || len(g.Pos) != len(b.Keys) {
 		return 0, sleep(ctx, g.Wait)
 	}
-	takenAt := g.TakenAt(b.Bucket)
-	sooner := l.backOff(b, g, n, replied)
-	later := pushedBack(b, g, n)
+	pushed := pushedBack(b, g, n)
 	if l.noPushes {
-		later = func(_ *control.State, due time.Time) time.Time { return due }
+		pushed = func(*control.State) []float64 { return nil }
+	}
+	asked := func(i int) bool { return n.Of(i) > 0 } // a layer asked nothing holds nothing back
+	pos := make([]float64, len(g.Pos))
+	stale := false
+	// when returns when the grant falls due under st, false while a pause
+	// with no end holds it. A state read before the take knows less than
+	// the take's reply: the grant stands as replied, and the record is
+	// read again.
+	when := func(st *control.State) (time.Time, bool) {
+		if st.Ev() < g.Ev {
+			if !stale {
+				stale = true
+				l.controls.Announced(b.ctl.Key())
+			}
+			return due, true
+		}
+		by := pushed(st)
+		for i := range pos {
+			pos[i] = g.Pos[i]
+			if i < len(by) {
+				pos[i] += by[i]
+			}
+		}
+		at, ends := st.Due(pos, asked)
+		// On the local clock as the take's reply tells it: the server's
+		// instant g.Now is when the reply came.
+		return replied.Add(time.Duration(at-g.Now) * time.Microsecond), ends
 	}
 	// A sleep long enough for a read of the record to matter, or one that
 	// a pause holds, registers: the Limiter reads the record every
-	// control.WaitRefresh meanwhile. A shorter one learns of a change from its
-	// announcement alone.
+	// control.WaitRefresh meanwhile. A shorter one learns of a change from
+	// its announcement alone.
 	var done func()
 	defer func() {
 		if done != nil {
@@ -167,15 +193,6 @@ func (l *Limiter) sleepOn(ctx context.Context, b bucket, g store.Grant, n store.
 		}
 	}()
 	deadline, hasDeadline := ctx.Deadline()
-	// when returns when the grant falls due under st, false while a pause
-	// with no end holds it.
-	when := func(st *control.State) (time.Time, bool) {
-		at, ends := st.Hold(later(st, sooner(st, due)), takenAt, control.Pause(g.Pause))
-		if !ends {
-			return at, false
-		}
-		return st.Rescale(at, takenAt, b.ctl.Rate(st)), true
-	}
 	var t *time.Timer // made when the caller first waits
 	defer func() {
 		if t != nil {
@@ -186,7 +203,7 @@ func (l *Limiter) sleepOn(ctx context.Context, b bucket, g store.Grant, n store.
 		st := b.ctl.Load()
 		at, ends := when(st)
 		if ends && hasDeadline && at.After(deadline) {
-			return at.Sub(due), ErrWouldExceedDeadline
+			return max(at.Sub(due), 0), ErrWouldExceedDeadline
 		}
 		if ends && !time.Now().Before(at) {
 			return 0, nil
@@ -205,70 +222,10 @@ func (l *Limiter) sleepOn(ctx context.Context, b bucket, g store.Grant, n store.
 			t.Stop()
 		case <-ctx.Done():
 			if at, ends := when(b.ctl.Load()); ends {
-				// What a pause moved the grant by; not what give-backs
-				// moved it sooner, which the refund's layers need not share.
 				return max(at.Sub(due), 0), ctx.Err()
 			}
 			return 0, ctx.Err()
 		}
-	}
-}
-
-// backOff returns what moves the due time of grant g, a take of n from b
-// whose reply came at replied, by what give-backs (settles) have moved
-// its layers' queues since: each layer the take asked of falls due that
-// much sooner, and the grant when the last of them does. The give-backs
-// count from those the take's reply found (g.Back), which the queue it
-// joined held already; without them, from the first read of the record
-// sent after the reply, never from one before.
-func (l *Limiter) backOff(b bucket, g store.Grant, n store.Cost, replied time.Time) func(*control.State, time.Time) time.Time {
-	if len(g.Tats) != len(b.Keys) {
-		return func(_ *control.State, due time.Time) time.Time { return due }
-	}
-	k := len(b.Keys)
-	suffixes := make([]string, k)
-	lags := make([]time.Duration, k) // how long before the grant layer i falls due
-	last := int64(math.MinInt64)
-	for i, lim := range b.Lims {
-		suffixes[i] = b.Keys[i][len(b.Keys[0]):]
-		last = max(last, g.Tats[i]-int64(lim.Burst/lim.Rate*1e6))
-	}
-	for i, lim := range b.Lims {
-		lags[i] = time.Duration(last-(g.Tats[i]-int64(lim.Burst/lim.Rate*1e6))) * time.Microsecond
-	}
-	var base []int64 // the give-backs the take found
-	if len(g.Back) == k {
-		base = g.Back
-	}
-	return func(st *control.State, due time.Time) time.Time {
-		if base == nil && st.ReadAt().Before(replied) {
-			return due
-		}
-		if base == nil {
-			base = make([]int64, k)
-			for i := range base {
-				base[i], _ = b.ctl.Back(st, suffixes[i])
-			}
-			return due
-		}
-		moved := time.Time{}
-		for i := range k {
-			if n.Of(i) <= 0 {
-				continue // a layer asked nothing holds nothing back
-			}
-			back, ok := b.ctl.Back(st, suffixes[i])
-			shift := time.Duration(0)
-			if ok && back > base[i] {
-				shift = time.Duration(back-base[i]) * time.Microsecond
-			}
-			if at := due.Add(-lags[i] - shift); at.After(moved) {
-				moved = at
-			}
-		}
-		if moved.IsZero() || moved.After(due) {
-			return due
-		}
-		return moved
 	}
 }
 
@@ -278,69 +235,48 @@ func (l *Limiter) backOff(b bucket, g store.Grant, n store.Cost, replied time.Ti
 // sends the request a little later; missing one would send it early.
 const pushMargin = 25 * time.Millisecond
 
-// pushedBack returns what moves the due time of grant g, a take of n from
-// b, by what takes of higher priority classes have pushed n's class back
-// since: each layer the take asked of falls due that much later, and the
-// grant when the last of them does. A push counts for a layer whose part
-// of the grant was due more than the commit horizon after it (see
+// pushedBack returns how far takes of higher priority classes have pushed
+// grant g, a take of n from b, back since the take, in positions of each
+// layer (see control.Anchor). A push counts for a layer whose part of the
+// grant was due more than the commit horizon after it (see
 // control.CommitHorizon); from the first one that does not, the grant
 // stands, and later pushes pass it by. The pushes count from those the
-// take's reply found (g.Pushed). It keeps what it has counted: call it with
-// the states in the order read.
-func pushedBack(b bucket, g store.Grant, n store.Cost) func(*control.State, time.Time) time.Time {
+// take's reply found (g.Pushed). It keeps what it has counted: call it
+// with the states in the order read.
+func pushedBack(b bucket, g store.Grant, n store.Cost) func(*control.State) []float64 {
 	k := len(b.Keys)
-	if b.ctl == nil || len(g.Tats) != k {
-		return func(_ *control.State, due time.Time) time.Time { return due }
+	if len(g.Pos) != k {
+		return func(*control.State) []float64 { return nil }
 	}
-	suffixes := make([]string, k)
-	lags := make([]time.Duration, k) // how long before the grant layer i falls due
-	last := int64(math.MinInt64)
-	for i, lim := range b.Lims {
-		suffixes[i] = b.Keys[i][len(b.Keys[0]):]
-		last = max(last, g.Tats[i]-int64(lim.Burst/lim.Rate*1e6))
-	}
-	for i, lim := range b.Lims {
-		lags[i] = time.Duration(last-(g.Tats[i]-int64(lim.Burst/lim.Rate*1e6))) * time.Microsecond
-	}
-	seen := make([]int64, k)    // the push counts counted from, µs
-	applied := make([]int64, k) // what they moved each layer, µs
-	stood := make([]bool, k)    // the layer's part stands: no push moves it now
+	seen := make([]int64, k)      // the push counts counted from
+	applied := make([]float64, k) // what they moved each layer
+	stood := make([]bool, k)      // the layer's part stands: no push moves it now
 	if c := n.Class; len(g.Pushed) >= (c+1)*k {
 		copy(seen, g.Pushed[c*k:(c+1)*k])
 	}
 	var counted *control.State
-	return func(st *control.State, due time.Time) time.Time {
-		if st != counted {
-			counted = st
-			for i := range k {
-				if n.Of(i) <= 0 || stood[i] {
-					continue
-				}
-				count, at, ok := b.ctl.Pushed(st, n.Class, suffixes[i])
-				switch {
-				case !ok || count <= seen[i]:
-					// nothing new (or a read sent before the take)
-				default:
-					layerDue := due.Add(-lags[i] + time.Duration(applied[i])*time.Microsecond)
-					if layerDue.After(at.Add(control.CommitHorizon - pushMargin)) {
-						applied[i] += count - seen[i]
-					} else {
-						stood[i] = true
-					}
-					seen[i] = count
-				}
-			}
+	return func(st *control.State) []float64 {
+		if st == counted {
+			return applied
 		}
-		moved := due
+		counted = st
 		for i := range k {
-			if applied[i] == 0 {
+			if n.Of(i) <= 0 || stood[i] {
 				continue
 			}
-			if at := due.Add(-lags[i] + time.Duration(applied[i])*time.Microsecond); at.After(moved) {
-				moved = at
+			count, at, ok := st.Pushed(n.Class, i, k)
+			if !ok || count <= seen[i] {
+				continue // nothing new (or a read sent before the take)
 			}
+			layerDue := st.Local(st.Anchor(i).Due(g.Pos[i] + applied[i]))
+			if layerDue.After(at.Add(control.CommitHorizon - pushMargin)) {
+				applied[i] += float64(count - seen[i])
+			} else {
+				stood[i] = true
+			}
+			seen[i] = count
 		}
-		return moved
+		return applied
 	}
 }
 

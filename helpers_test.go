@@ -333,8 +333,8 @@ func takeDues(cmd redis.Cmder, sent time.Time) []takeGrant {
 		}
 		return out
 	case []any:
-		stride := 2 + k
-		if len(v) != stride*callers+2+k { // and the pause the takes found, and the give-backs
+		stride := 2 + 2*k                                                 // and the positions
+		if rest := len(v) - stride*callers; rest < 2 || (rest-2)%k != 0 { // the timeline's count and now, and the pushes
 			return nil
 		}
 		for j := range out {
@@ -392,8 +392,8 @@ func takeReplies(cmd *redis.Cmd) []any {
 		}
 		return out
 	case []any:
-		stride := 2 + k
-		if len(v) != stride*callers+2+k { // and the pause the takes found, and the give-backs
+		stride := 2 + 2*k                                                 // and the positions
+		if rest := len(v) - stride*callers; rest < 2 || (rest-2)%k != 0 { // the timeline's count and now, and the pushes
 			return nil
 		}
 		for i := range out {

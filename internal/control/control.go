@@ -30,10 +30,39 @@ type Limit struct {
 	Burst float64
 }
 
-// A Pause is the pause a take found in force: when it began and how far
-// it had moved the queues by then, µs; zero when there was none. A later
-// change of the pause moves the take's grant by what it adds to that.
-type Pause struct{ Since, Shifted int64 }
+// An Anchor is a layer's timeline, as the bucket script keeps it (see
+// "The timeline" in script.lua): the grant at position Pos of the layer's
+// queue falls due at At (µs, the server's clock), and one at a later
+// position p at At + (p - Pos) x Scale; none falls due before At. Every
+// pause, change of the Limit in force and give-back moves the anchor,
+// never a position, so that a grant taken at any earlier instant finds
+// when it falls due from the anchor read last. The zero Anchor is the
+// script's absent one: Scale 0 counts as 1.
+type Anchor struct {
+	At    int64
+	Pos   float64
+	Scale float64
+}
+
+// Due returns when the grant at position pos falls due, µs on the
+// server's clock, rounded up.
+func (a Anchor) Due(pos float64) int64 {
+	scale := a.Scale
+	if scale == 0 {
+		scale = 1
+	}
+	return a.At + int64(math.Ceil(max(pos-a.Pos, 0)*scale))
+}
+
+// Position returns the position of a grant due at t, µs on the server's
+// clock, as the script computes it for a take (rounded down).
+func (a Anchor) Position(t int64) float64 {
+	scale := a.Scale
+	if scale == 0 {
+		scale = 1
+	}
+	return math.Floor(a.Pos + float64(max(t-a.At, 0))/scale)
+}
 
 // What changes how a bucket is taken, an operator's override of its Limit
 // and its pause (a provider's Retry-After or an operator's), lives in Redis
@@ -73,22 +102,14 @@ type State struct {
 	sinceUS      int64  // since on the server's clock, µs, to compare with takes
 	source       string // who set its end: "provider" or "operator"
 
-	// The latest change of the Limit in force: when, on the server's
-	// clock; the instant the queue was rescaled from, on the local clock;
-	// the rate before; and the pause then in force, whose later changes
-	// move the pivot with the queue. changedUS is zero when it never
-	// changed.
-	changedUS int64
-	pivot     time.Time
-	prev      float64
-	during    Pause
-
-	// back is how far give-backs have moved each layer's queue so far, µs,
-	// the first layer's and then the further layers' of the entry.
-	back []int64
+	// ev counts the moves of the bucket's timeline when it was read;
+	// anchors are its layers' (see Anchor), the first layer's first.
+	ev      int64
+	anchors []Anchor
 
 	// pushes is how far takes of higher priority classes have pushed each
-	// class's queue in each layer so far, µs, class 0's layers first;
+	// class's queue in each layer so far, in positions, class 0's layers
+	// first;
 	// pushAt, when the latest push was, on the local clock. nil and zero
 	// on a bucket no class above 0 took from.
 	pushes []int64
@@ -99,29 +120,6 @@ type State struct {
 	replaced chan struct{}
 }
 
-// Back returns how far give-backs had moved the queue of the layer whose
-// key is the bucket's first key and suffix when st was read, µs, and
-// whether st says.
-func (e *Entry) Back(st *State, suffix string) (int64, bool) {
-	if suffix == "" {
-		if len(st.back) > 0 {
-			return st.back[0], true
-		}
-		return 0, false
-	}
-	i := 1
-	for s := range strings.FieldsSeq(e.layers) {
-		if s == suffix {
-			if i < len(st.back) {
-				return st.back[i], true
-			}
-			return 0, false
-		}
-		i++
-	}
-	return 0, false
-}
-
 // CommitHorizon is how far ahead of now a grant stands, the bucket script's
 // commit: a take of a higher priority class pushes back only the grants
 // of lower classes due later than that after it (see script.lua), so that
@@ -129,24 +127,55 @@ func (e *Entry) Back(st *State, suffix string) (int64, bool) {
 const CommitHorizon = 100 * time.Millisecond
 
 // Pushed returns how far takes of higher classes had pushed the queue of
-// class class in the layer whose key is the bucket's first key and
-// suffix when st was read, µs, and when the latest push was; ok is false
-// when st does not say.
-func (e *Entry) Pushed(st *State, class int, suffix string) (us int64, at time.Time, ok bool) {
-	i := 0
-	if suffix != "" {
-		i = -1
-		for j, s := range strings.Fields(e.layers) {
-			if s == suffix {
-				i = j + 1
-			}
-		}
-	}
-	k := 1 + len(strings.Fields(e.layers))
-	if i < 0 || class*k+i >= len(st.pushes) {
+// class class in layer i when st was read, in positions, and when the
+// latest push was; ok is false when st does not say.
+func (st *State) Pushed(class, i, layers int) (pos int64, at time.Time, ok bool) {
+	if class*layers+i >= len(st.pushes) {
 		return 0, time.Time{}, false
 	}
-	return st.pushes[class*k+i], st.pushAt, true
+	return st.pushes[class*layers+i], st.pushAt, true
+}
+
+// Ev returns the count of the timeline's moves when st was read: a take
+// that found a higher count ran after a move that st does not know.
+func (st *State) Ev() int64 { return st.ev }
+
+// Anchor returns layer i's anchor when st was read.
+func (st *State) Anchor(i int) Anchor {
+	if i < len(st.anchors) {
+		return st.anchors[i]
+	}
+	return Anchor{}
+}
+
+// Due returns when a grant at positions pos (a layer each, the first
+// layer's first) falls due under st, µs on the server's clock: when the
+// last of the layers asked falls due. It returns false while a pause with
+// no end holds it: one due after the pause began.
+func (st *State) Due(pos []float64, asked func(i int) bool) (int64, bool) {
+	due := int64(math.MinInt64)
+	for i, p := range pos {
+		if asked(i) {
+			due = max(due, st.Anchor(i).Due(p))
+		}
+	}
+	if due == math.MinInt64 {
+		return st.serverAt, true // nothing asked
+	}
+	if !st.since.IsZero() && st.until.IsZero() && due > st.sinceUS {
+		return 0, false
+	}
+	return due, true
+}
+
+// Local returns the instant us, on the server's clock, on the local one.
+func (st *State) Local(us int64) time.Time {
+	// A record's times are the script's, but Redis holds what anyone with
+	// access wrote: bound them to a century either way, within which a
+	// Duration neither overflows nor wraps.
+	const century = int64(100 * 365 * 24 * time.Hour / time.Microsecond)
+	us = max(min(us, st.serverAt+century), st.serverAt-century)
+	return st.readAt.Add(time.Duration(us-st.serverAt) * time.Microsecond)
 }
 
 // PausedAt tells whether the pause is in force at t, and when it ends.
@@ -158,48 +187,6 @@ func (st *State) PausedAt(t time.Time) (end time.Time, forever, paused bool) {
 		return time.Time{}, true, true
 	}
 	return st.until, false, t.Before(st.until)
-}
-
-// Hold returns when a grant due at due, whose take found the pause found,
-// falls due once the pause in force has moved it, as the script moved the
-// queue: a grant due t after the pause began falls due t after it ends,
-// and one taken during the pause moves by what the pause changed since.
-// It returns false while the pause has no end.
-func (st *State) Hold(due time.Time, takenAt int64, found Pause) (time.Time, bool) {
-	if st.since.IsZero() {
-		return due, true
-	}
-	var moved time.Duration // by the pause, when the take ran
-	switch {
-	case found.Since == st.sinceUS:
-		moved = time.Duration(found.Shifted) * time.Microsecond
-	case takenAt >= st.sinceUS || !due.After(st.since):
-		return due, true // taken after the pause, or due before it began
-	}
-	if st.until.IsZero() {
-		return time.Time{}, false
-	}
-	return due.Add(st.until.Sub(st.since) - moved), true
-}
-
-// Rescale returns when a grant taken at takenAt (server µs) and due at due,
-// as the pause in force has moved it (see hold), falls due once the latest
-// change of the Limit in force, to rate to, has moved it, as the script
-// moved the queue: a grant due t after the pivot falls due t x prev / to
-// after it. A pause in force at the change that has changed since moved
-// the pivot with the queue.
-func (st *State) Rescale(due time.Time, takenAt int64, to float64) time.Time {
-	if st.changedUS == 0 || takenAt >= st.changedUS || !(st.prev > 0) || st.prev == to {
-		return due
-	}
-	pivot := st.pivot
-	if st.during.Since != 0 && st.during.Since == st.sinceUS && !st.until.IsZero() {
-		pivot = pivot.Add(st.until.Sub(st.since) - time.Duration(st.during.Shifted)*time.Microsecond)
-	}
-	if !due.After(pivot) {
-		return due
-	}
-	return pivot.Add(time.Duration(float64(due.Sub(pivot)) * st.prev / to))
 }
 
 // Entry is a Limiter's knowledge of one bucket's control record.
@@ -267,6 +254,9 @@ type Controls struct {
 // fails: that is how a Limiter whose callers only sleep on their grants
 // learns of an outage. Call it before the first use.
 func (c *Controls) OnFailure(f func(e *Entry, err error)) { c.failed = f }
+
+// Key returns the bucket's first key.
+func (e *Entry) Key() string { return e.key }
 
 // Name returns the bucket's name.
 func (e *Entry) Name() string { return e.name }
@@ -536,43 +526,61 @@ func (c *Controls) Announced(key string) {
 }
 
 // GaveBack takes in an announcement of the give-backs of the bucket whose
-// first key is key: each layer's so far, "<suffix>=<µs>" separated by
-// spaces. The state they raise replaces the entry's, so that its callers
-// asleep in the queue go sooner without a read.
-func (c *Controls) GaveBack(key, backs string) {
+// first key is key: the timeline's count after them, and the layers'
+// anchors, as a record read replies them. When the entry's state is the
+// one just before, the anchors replace its own, so that its callers asleep
+// in the queue go sooner without a read; when it missed a move before,
+// the record is read again.
+func (c *Controls) GaveBack(key, payload string) {
 	e := c.Lookup(key)
 	if e == nil {
 		return
 	}
-	told := map[string]int64{}
-	for part := range strings.FieldsSeq(backs) {
-		suffix, v, ok := strings.Cut(part, "=")
-		n, err := strconv.ParseInt(v, 10, 64)
-		if !ok || err != nil {
-			return
-		}
-		told[suffix] = n
+	count, rest, _ := strings.Cut(payload, " ")
+	ev, err := strconv.ParseInt(count, 10, 64)
+	anchors, err2 := parseAnchors(rest)
+	if err != nil || err2 != nil {
+		return
 	}
 	for {
 		st := e.state.Load()
-		back := make([]int64, 1+len(strings.Fields(e.layers)))
-		copy(back, st.back)
-		raised := false
-		for i, suffix := range append([]string{""}, strings.Fields(e.layers)...) {
-			if n, ok := told[suffix]; ok && n > back[i] {
-				back[i], raised = n, true
-			}
-		}
-		if !raised {
+		switch {
+		case st.readAt.IsZero() || ev <= st.ev:
+			return // never read, or told already
+		case ev > st.ev+1:
+			go c.refresh(e)
 			return
 		}
 		next := *st
-		next.back, next.replaced = back, make(chan struct{})
+		next.ev, next.anchors, next.replaced = ev, anchors, make(chan struct{})
 		if e.state.CompareAndSwap(st, &next) {
 			close(st.replaced)
 			return
 		}
 	}
+}
+
+// parseAnchors reads the layers' anchors as the script replies them:
+// "<at> <pos> <scale>" each, joined with ",".
+func parseAnchors(s string) ([]Anchor, error) {
+	var anchors []Anchor
+	for part := range strings.SplitSeq(s, ",") {
+		f := strings.Fields(part)
+		if len(f) != 3 {
+			return nil, fmt.Errorf("an anchor %q", part)
+		}
+		at, err1 := strconv.ParseFloat(f[0], 64)
+		pos, err2 := strconv.ParseFloat(f[1], 64)
+		scale, err3 := strconv.ParseFloat(f[2], 64)
+		if err := errors.Join(err1, err2, err3); err != nil {
+			return nil, err
+		}
+		if !(scale > 0) || math.IsInf(scale, 0) || math.IsNaN(at) || math.IsInf(at, 0) || math.IsNaN(pos) || math.IsInf(pos, 0) {
+			return nil, fmt.Errorf("an anchor %q", part)
+		}
+		anchors = append(anchors, Anchor{At: int64(at), Pos: pos, Scale: scale})
+	}
+	return anchors, nil
 }
 
 // Pushed takes in an announcement of the pushes of the bucket whose first
@@ -646,15 +654,13 @@ type Record struct {
 	Users        int    // status only
 	Tat          int64  // status only; 0 when absent
 	Source       string // who set the pause's end
-	changed      int64  // µs; 0 when the Limit in force never changed
-	pivot        int64  // µs, whence the change rescaled the queue
-	prev         float64
-	during       Pause // the pause in force at the change
-	// Back is how far give-backs have moved each layer's queue so far, µs:
-	// the first layer's, then the further layers' in the order read.
-	Back []int64
+	// Ev counts the moves of the bucket's timeline; Anchors are its
+	// layers' (see Anchor), the first layer's first.
+	Ev      int64
+	Anchors []Anchor
 	// Pushes is how far takes of higher priority classes have pushed each
-	// class's queue in each layer, µs, class 0's layers first; PushAt, when
+	// class's queue in each layer, in positions, class 0's layers first;
+	// PushAt, when
 	// the latest push was. Nil and 0 on a bucket no class above 0 took
 	// from.
 	Pushes []int64
@@ -668,7 +674,7 @@ func Parse(cmd *redis.Cmd) (Record, error) {
 	if err != nil {
 		return Record{}, err
 	}
-	if len(vals) != 15 {
+	if len(vals) != 12 {
 		return Record{}, fmt.Errorf("%w: a control reply of %d fields", redisx.ErrReply, len(vals))
 	}
 	var r Record
@@ -710,21 +716,14 @@ func Parse(cmd *redis.Cmd) (Record, error) {
 		r.Tat = int64(tat)
 		errs = append(errs, err)
 	}
-	r.changed = integer(vals[8])
-	r.Source = vals[9]
-	r.pivot = integer(vals[10])
-	if vals[11] != "" {
-		prev, err := strconv.ParseFloat(vals[11], 64)
-		r.prev = prev
+	r.Source = vals[8]
+	r.Ev = integer(vals[9])
+	if vals[10] != "" {
+		anchors, err := parseAnchors(vals[10])
+		r.Anchors = anchors
 		errs = append(errs, err)
 	}
-	if since, shifted, ok := strings.Cut(vals[12], " "); ok {
-		r.during = Pause{Since: integer(since), Shifted: integer(shifted)}
-	}
-	for b := range strings.FieldsSeq(vals[13]) {
-		r.Back = append(r.Back, integer(b))
-	}
-	if at, pushes, ok := strings.Cut(vals[14], " "); ok {
+	if at, pushes, ok := strings.Cut(vals[11], " "); ok {
 		r.PushAt = integer(at)
 		for p := range strings.FieldsSeq(pushes) {
 			r.Pushes = append(r.Pushes, integer(p))
@@ -739,23 +738,14 @@ func Parse(cmd *redis.Cmd) (Record, error) {
 // state turns the record into a Limiter's state, its times moved to the
 // local clock as of sent, when the read was sent.
 func (r Record) state(sent time.Time) *State {
-	st := &State{replaced: make(chan struct{}), readAt: sent, serverAt: r.Now, source: r.Source, back: r.Back, pushes: r.Pushes}
+	st := &State{replaced: make(chan struct{}), readAt: sent, serverAt: r.Now, source: r.Source,
+		ev: r.Ev, anchors: r.Anchors, pushes: r.Pushes}
 	if r.Override != nil {
 		st.override, st.hasOverride = *r.Override, true
 	}
-	// A record's times are the script's, but Redis holds what anyone with
-	// access wrote: bound them to a century either way, within which a
-	// Duration neither overflows nor wraps.
-	const century = 100 * 365 * 24 * time.Hour
-	local := func(us int64) time.Time {
-		us = max(min(us, r.Now+century.Microseconds()), r.Now-century.Microseconds())
-		return sent.Add(time.Duration(us-r.Now) * time.Microsecond)
-	}
+	local := st.Local
 	if r.PushAt != 0 {
 		st.pushAt = local(r.PushAt)
-	}
-	if r.changed != 0 {
-		st.changedUS, st.pivot, st.prev, st.during = r.changed, local(r.pivot), r.prev, r.during
 	}
 	if r.Since != 0 {
 		st.since, st.sinceUS = local(r.Since), r.Since

@@ -400,23 +400,22 @@ func (s *Store) takeAll(ctx context.Context, b Bucket, takes []*queuedTake) erro
 	err := cmd.Err()
 	var v []int64 // nil: every take granted without a wait
 	k := len(b.Keys)
-	stride := 2 + k
+	stride := 2 + 2*k
 	trailer := 0
 	if z, ok := cmd.Val().(int64); err == nil && !(ok && z == 0) {
 		v, err = cmd.Int64Slice()
 		trailer = len(v) - stride*len(takes)
-		if err != nil || trailer < 2+k || (trailer-2-k)%k != 0 || trailer-2-k > MaxClass*k {
+		if err != nil || trailer < 2 || (trailer-2)%k != 0 || trailer-2 > MaxClass*k {
 			err = fmt.Errorf("%w: %v", redisx.ErrReply, cmd.Val())
 		}
 	}
-	var p Pause
-	var back, pushed []int64
+	var ev, now int64
+	var pushed []int64
 	if err == nil && v != nil {
 		t := v[len(v)-trailer:]
-		p = Pause{Since: t[0], Shifted: t[1]}
-		back = t[2 : 2+k : 2+k]
-		if len(t) > 2+k {
-			pushed = t[2+k:]
+		ev, now = t[0], t[1]
+		if len(t) > 2 {
+			pushed = t[2:]
 		}
 	}
 	for i, q := range takes {
@@ -426,13 +425,14 @@ func (s *Store) takeAll(ctx context.Context, b Bucket, takes []*queuedTake) erro
 			continue
 		}
 		r := v[i*stride : (i+1)*stride : (i+1)*stride]
-		q.g.Granted, q.g.Wait, q.g.Pause, q.g.Back, q.g.Pushed = r[0] == 1, time.Duration(r[1])*time.Microsecond, p, back, pushed
+		q.g.Granted, q.g.Wait, q.g.Ev, q.g.Now, q.g.Pushed = r[0] == 1, time.Duration(r[1])*time.Microsecond, ev, now, pushed
+		q.g.Pos = positions(r[2+k:])
 		q.g.Crowded, q.g.Held = r[0] == 2, r[0] == 3
 		if r[0] == 0 && r[1] == -2 {
 			q.g.Resuming, q.g.Wait = true, 0 // see Decode
 		}
 		if r[0] == 0 || r[1] != 0 {
-			q.g.Tats = r[2:]
+			q.g.Tats = r[2 : 2+k : 2+k]
 		}
 	}
 	return err

@@ -28,18 +28,17 @@
 --   src           who set the pause's end: "provider" or "operator";
 --   resume        after an outage, the instant (us) the fleet leaves its
 --                 local shares: no take is granted before it;
---   changed, pivot, prev, during
---                 when the Limit in force last changed, the instant from
---                 which the queue was rescaled, the rate before, and the
---                 pause then in force, "<since> <shifted>", or "": a later
---                 change of that pause moves the pivot with the queue;
+--   a:<sfx>, ev   the timeline of the layer whose key ends in sfx (""
+--                 for the first), and how many times a timeline moved
+--                 (see timeline);
 --   pmax          the highest priority class that took from the bucket;
 --   t<c>:<sfx>    class c's tail in the layer whose key ends in sfx (""
 --                 for the first): the tat of the queue of the classes c
 --                 and above, for c = 1 ... pmax (class 0's is the layer's
 --                 own tat, which counts every class);
 --   p<c>:<sfx>    how far takes of higher classes have pushed class c's
---                 grants in that layer back, µs so far, c = 0 ... pmax-1;
+--                 grants in that layer back so far, in positions (see
+--                 timeline), c = 0 ... pmax-1;
 --   pt            when the latest push was, µs (see commit);
 --   q<c>:<sfx>    the push clock of class c in that layer, µs, for a class
 --                 given a minimum share (see shares);
@@ -105,10 +104,12 @@
 --             channel that announces a change.
 --
 -- Replies.
---   take:   {granted, wait, tat_1, ..., tat_k}, integers. granted is 1 when
---           the tokens were taken from every layer, in which case wait (us,
---           rounded to the nearest) is how long until they have accrued in
---           all of them; when the wait would exceed ARGV[3], granted is 0,
+--   take:   {granted, wait, tat_1, ..., tat_k, pos_1, ..., pos_k},
+--           integers. granted is 1 when the tokens were taken from every
+--           layer, in which case wait (us, rounded to the nearest) is how
+--           long until they have accrued in all of them, and pos_i the
+--           grant's position in layer i (see timeline; 0 without a
+--           wait); when the wait would exceed ARGV[3], granted is 0,
 --           nothing is taken and wait says how long it would have been, or
 --           is -1 while the bucket is paused until a resume, -2 while
 --           the fleet has yet to leave its local shares after an outage
@@ -125,23 +126,22 @@
 --           A batch serves its callers in order, each from the bucket as
 --           the one before it left it, and each granted or refused on its
 --           own. It replies the callers' replies one after another, m x
---           (2 + k) integers; or the integer 0 alone when every caller was
---           granted without a wait. A reply other than 0 ends with two
---           more integers, the pause the takes found in force: when it
---           began and how far it had moved the queues by then (us), or 0
---           and 0; then k more, the layers' give-backs so far (see
---           backField); then, on a bucket that priority classes took
---           from, pmax x k more, how far pushes had moved each class's
---           queue in each layer when the call ended, class 0's first.
+--           (2 + 2k) integers; or the integer 0 alone when every caller was
+--           granted without a wait. A reply other than 0 ends with the
+--           timeline's count (ev) the takes found, and now; then, on a
+--           bucket that
+--           priority classes took from, pmax x k more, how far pushes had
+--           moved each class's queue in each layer when the call ended,
+--           in positions, class 0's first.
 --   other layer operations: {1, 0, tats} after the operation;
 --   record operations: {now, rate, burst, since, until, seen, users, tat,
---           changed, src, pivot, prev, during, back, pushes}, strings, ""
---           for what is absent, back the layers' give-backs so far (see
---           backField), "<b_1> ... <b_k>"; pushes "<pt>" then how far
---           pushes moved each class's queue in each layer, class 0's
---           first, or "" on a bucket no priority class took from; users
---           and tat (the first layer's, as it stands before a pause moved
---           it) for status only.
+--           src, ev, anchors, pushes}, strings, "" for what is absent;
+--           anchors the layers' "<at> <pos> <scale>" joined with ","
+--           (see timeline); pushes "<pt>" then how far pushes moved each
+--           class's queue in each layer, class 0's first, or "" on a
+--           bucket no priority class took from; users and tat (the first
+--           layer's, as it stands before a pause moved it) for status
+--           only.
 --
 -- refund  hands back what no later take is queued behind;
 -- probe   rewrites each layer as it is, to learn whether the server accepts
@@ -187,14 +187,6 @@ end
 local ctl = KEYS[k + 1]
 local record = op == 'read' or op == 'status' or op == 'limit' or op == 'clear' or op == 'hold' or op == 'resume'
 
--- backField names the field of the record that counts, in microseconds,
--- how far give-backs (adjust) have moved layer i's queue back: a caller
--- asleep on a grant of the layer that reads it grow may wake that much
--- sooner. The first layer's is "b:", a further layer's "b:" and its key's
--- suffix.
-local function backField(i)
-  return 'b:' .. string.sub(KEYS[i], #KEYS[1] + 1)
-end
 local moved = false
 
 -- The pause and the override, as every operation needs them.
@@ -411,6 +403,91 @@ local function pushList()
   return t
 end
 
+-- The timeline. A grant, once given out, is moved by what happens to
+-- its layer's queue before it falls due: a pause and its end, a change
+-- of the Limit in force, a settle's give-back. Each layer keeps one
+-- record of all of it, its anchor, a:<sfx> = "<at> <pos> <scale>": the
+-- grant at position pos in the layer's queue falls due at at, and one at
+-- a later position p at at + (p - pos) x scale; none falls due before
+-- at. A position never changes once given: a take replies its grant's,
+-- and a caller asleep on it, however many events happened since, finds
+-- when it falls due from the anchor it read last (control.Anchor, which
+-- testdata/timeline.json checks against this script). An absent anchor
+-- is "0 0 1": a position is then the instant itself. ev counts the moves
+-- of the bucket's anchors, so that a Limiter can tell an anchor read
+-- before a take from one read after it. A push (see classes) moves the
+-- grants of a class alone: its count is in positions too.
+local anchors = {} -- by layer, read when first needed
+local function anchor(i)
+  local a = anchors[i]
+  if not a then
+    local at, pos, scale = string.match(redis.call('HGET', ctl, 'a:' .. sfx(i)) or '', '^(%S+) (%S+) (%S+)$')
+    a = {at = tonumber(at) or 0, pos = tonumber(pos) or 0, scale = tonumber(scale) or 1}
+    anchors[i] = a
+  end
+  return a
+end
+-- position returns the position of a grant of layer i due at t.
+local function position(i, t)
+  local a = anchor(i)
+  return a.pos + math.max(t - a.at, 0) / a.scale
+end
+-- reanchor makes t the anchor's instant, when t is later.
+local function reanchor(a, i, t)
+  if a.at < t then
+    a.pos, a.at = position(i, t), t
+  end
+  a.moved = true
+end
+-- moveFrom moves the grants of layer i due at t or later by d (µs; sooner
+-- when d < 0), as a pause, or its end, does.
+local function moveFrom(i, t, d)
+  local a = anchor(i)
+  reanchor(a, i, t)
+  a.at = a.at + d
+end
+-- stretch moves the grants of layer i due after t x times as far from t,
+-- as a change of the layer's rate from r to r / x does.
+local function stretch(i, t, x)
+  local a = anchor(i)
+  if a.at > t then
+    a.at = t + (a.at - t) * x
+  end
+  reanchor(a, i, t)
+  a.scale = a.scale * x
+end
+-- moveBack moves the grants of layer i d sooner (µs), none before the
+-- anchor's instant, as a give-back does.
+local function moveBack(i, d)
+  local a = anchor(i)
+  a.pos, a.moved = a.pos + d / a.scale, true
+end
+-- saveTimeline writes the anchors moved and counts the move; it returns
+-- the count, or nil when nothing moved.
+local function saveTimeline()
+  local h = {}
+  for i, a in pairs(anchors) do
+    if a.moved then
+      h[#h + 1], h[#h + 2] = 'a:' .. sfx(i), string.format('%.0f %.3f %.17g', a.at, a.pos, a.scale)
+    end
+  end
+  if #h == 0 then
+    return nil
+  end
+  redis.call('HSET', ctl, unpack(h))
+  return redis.call('HINCRBY', ctl, 'ev', 1)
+end
+-- timeline returns the anchors of the layers, "<at> <pos> <scale>" each,
+-- joined with ",".
+local function timeline()
+  local t = {}
+  for i = 1, k do
+    local a = anchor(i)
+    t[i] = string.format('%.0f %.3f %.17g', a.at, a.pos, a.scale)
+  end
+  return table.concat(t, ',')
+end
+
 -- pauseTo makes the bucket grant nothing before e (microseconds; nil for
 -- until a resume), as src asks; a pause in force that ends later stays.
 -- It is the one place a pause moves the queue: the layers' queues move in
@@ -436,8 +513,11 @@ local function pauseTo(e, src, resume)
   for i = 1, k do
     local tat = r[i + 2]
     local v = tat
-    if e and tat > from then
-      v = tat + e - from
+    if e then
+      moveFrom(i, from, e - from)
+      if tat > from then
+        v = tat + e - from
+      end
     end
     v = floor(i, v)
     if v ~= tat or (not e and tat > from) then
@@ -452,6 +532,7 @@ local function pauseTo(e, src, resume)
     end)
   end
   saveClasses()
+  saveTimeline()
   if e then
     shifted = e - since
   end
@@ -515,12 +596,10 @@ if record then
       r2, b2 = tonumber(r2), tonumber(b2)
     end
     local ref = origin()
-    local during = ''
-    if paused then
-      during = string.format('%d %d', since, shifted)
+    if r1 and r2 and r1 ~= r2 then
+      stretch(1, ref, r1 / r2)
+      saveTimeline()
     end
-    redis.call('HSET', ctl, 'changed', string.format('%d', now), 'pivot', string.format('%d', ref), 'prev', r1 or '',
-      'during', during)
     local tat = r[3]
     if not (r1 and b1 and r2 and b2) or tat <= ref or (r1 == r2 and b1 == b2) then
       return
@@ -579,18 +658,13 @@ if record then
   if changed then
     redis.call('PUBLISH', ARGV[5], KEYS[1])
   end
-  local g = redis.call('HMGET', ctl, 'rate', 'burst', 'since', 'until', 'seen', 'changed', 'src', 'pivot', 'prev',
-    'during')
-  local back = {}
-  for i = 1, k do
-    back[i] = redis.call('HGET', ctl, backField(i)) or '0'
-  end
+  local g = redis.call('HMGET', ctl, 'rate', 'burst', 'since', 'until', 'seen', 'src', 'ev')
   local pushed = ''
   if pmax > 0 then
     pushed = (redis.call('HGET', ctl, 'pt') or '0') .. ' ' .. table.concat(pushList(), ' ')
   end
   return {string.format('%d', now), g[1] or '', g[2] or '', g[3] or '', g[4] or '', g[5] or '', users or '', tat or '',
-    g[6] or '', g[7] or '', g[8] or '', g[9] or '', g[10] or '', table.concat(back, ' '), pushed}
+    g[6] or '', g[7] or '0', timeline(), pushed}
 end
 
 -- Tenants. A take may name the tenant it is for, with the tenant's
@@ -931,7 +1005,7 @@ if op == 'take' then
               end
               if t > now + fulls[i] + commit then
                 t = t + d
-                pushes[lower][i], pushed = pushes[lower][i] + d, true
+                pushes[lower][i], pushed = pushes[lower][i] + d / anchor(i).scale, true
                 local m = shares[lower]
                 if m and m > 0 and m < 1 then
                   clocks[clockField(lower, i)] = clock(lower, i) + d / (1 - m)
@@ -958,6 +1032,15 @@ if op == 'take' then
         end
         reply[o + 2 + i] = math.floor(v)
       end
+    end
+    -- The grant's position in each layer (see timeline), for a caller
+    -- that sleeps on it; 0 for one that does not.
+    for i = 1, k do
+      local p = 0
+      if reply[o + 1] == 1 and reply[o + 2] ~= 0 then
+        p = math.floor(position(i, reply[o + 2 + i] - fulls[i]))
+      end
+      reply[o + 2 + k + i] = p
     end
   end
   for i = 1, k do
@@ -991,18 +1074,10 @@ if op == 'take' then
     expire()
   end
   if waited then
-    -- The pause the takes found, for the callers that sleep on their
-    -- grants (see the replies).
-    if paused then
-      reply[#reply + 1] = since
-      reply[#reply + 1] = shifted
-    else
-      reply[#reply + 1] = 0
-      reply[#reply + 1] = 0
-    end
-    for i = 1, k do
-      reply[#reply + 1] = tonumber(redis.call('HGET', ctl, backField(i))) or 0
-    end
+    -- The timeline's count the takes found, for the callers that sleep on
+    -- their grants (see timeline).
+    reply[#reply + 1] = tonumber(redis.call('HGET', ctl, 'ev')) or 0
+    reply[#reply + 1] = now
     for _, v in ipairs(pushList()) do
       reply[#reply + 1] = v
     end
@@ -1131,7 +1206,7 @@ for i = 1, k do
   if op == 'adjust' and v < tat then
     -- A give-back moves the layer's queue: the callers asleep in it may
     -- go that much sooner (see back); no class's tail stays beyond it.
-    redis.call('HINCRBY', ctl, backField(i), math.floor(tat - v))
+    moveBack(i, tat - v)
     moved = true
     moveTails(i, function(t)
       return math.min(t, v)
@@ -1141,16 +1216,14 @@ for i = 1, k do
 end
 saveClasses()
 if moved then
+  local ev = saveTimeline()
   expire()
   local channel = ARGV[3 * k + 6]
   if channel and channel ~= '' then
-    -- "b", each layer's give-backs so far as "<suffix>=<us>", a newline,
-    -- then the bucket's key: the callers asleep in the queue go sooner.
-    local parts = {'b'}
-    for i = 1, k do
-      parts[#parts + 1] = string.sub(KEYS[i], #KEYS[1] + 1) .. '=' .. (redis.call('HGET', ctl, backField(i)) or '0')
-    end
-    redis.call('PUBLISH', channel, table.concat(parts, ' ') .. '\n' .. KEYS[1])
+    -- "b", the timeline's count, and the layers' anchors (see timeline),
+    -- a newline, then the bucket's key: the callers asleep in the queue go
+    -- sooner.
+    redis.call('PUBLISH', channel, 'b ' .. ev .. ' ' .. timeline() .. '\n' .. KEYS[1])
   end
 end
 return r

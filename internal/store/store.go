@@ -38,10 +38,6 @@ type Limit struct {
 	Burst float64
 }
 
-// A Pause is the pause a take found in force: when it began and how far
-// it had moved the queues by then, µs; zero when there was none.
-type Pause struct{ Since, Shifted int64 }
-
 // A Bucket is one bucket's layers: its name, and the Redis key and Limit
 // of each layer, the first layer under the bucket's own key.
 type Bucket struct {
@@ -179,8 +175,9 @@ type Grant struct {
 	Resuming bool          // not granted: the fleet has yet to leave its local shares after an outage
 	Wait     time.Duration // until the tokens have accrued, or would have
 	Tats     []int64       // µs, a layer each; identify the take for its refund (nil without a wait)
-	Pause    Pause         // the pause in force when the take ran (zero without a wait)
-	Back     []int64       // the layers' give-backs when the take ran, µs (see script.lua); nil without a wait
+	Pos      []float64     // the grant's position in each layer's timeline (see control.Anchor); nil without a wait
+	Ev       int64         // the count of the bucket's timeline's moves when the take ran
+	Now      int64         // when the take ran, µs on the server's clock (0 without a wait)
 	Pushed   []int64       // how far pushes had moved each class's queue in each layer, class 0's first, k each; nil on a bucket no class above 0 took from
 	Crowded  bool          // not granted: the take would push a lower class past its minimum share; Wait is until it has room
 	Held     bool          // not granted: another tenant's turn, or the bucket's queue is full (see script.lua's tenants); Wait is until the take may be admitted
@@ -299,7 +296,7 @@ func Decode(b Bucket, v []int64) (Grant, error) {
 		return Grant{Granted: true}, nil
 	}
 	k := len(b.Keys)
-	rest := len(v) - (2 + k + 2 + k)
+	rest := len(v) - (2 + 2*k + 2)
 	if rest < 0 || rest%k != 0 || rest > MaxClass*k {
 		return Grant{}, fmt.Errorf("%w: %v", redisx.ErrReply, v)
 	}
@@ -307,8 +304,9 @@ func Decode(b Bucket, v []int64) (Grant, error) {
 		Granted: v[0] == 1,
 		Wait:    time.Duration(v[1]) * time.Microsecond,
 		Tats:    v[2 : 2+k : 2+k],
-		Pause:   Pause{Since: v[2+k], Shifted: v[3+k]},
-		Back:    v[4+k : 4+2*k : 4+2*k],
+		Pos:     positions(v[2+k : 2+2*k]),
+		Ev:      v[2+2*k],
+		Now:     v[3+2*k],
 	}
 	if rest > 0 {
 		g.Pushed = v[4+2*k:]
@@ -318,6 +316,21 @@ func Decode(b Bucket, v []int64) (Grant, error) {
 	}
 	g.Crowded, g.Held = v[0] == 2, v[0] == 3
 	return g, nil
+}
+
+// positions returns a reply's positions as numbers, nil when they are
+// all 0, as the script replies them for a take without a wait.
+func positions(v []int64) []float64 {
+	for _, p := range v {
+		if p != 0 {
+			pos := make([]float64, len(v))
+			for i, p := range v {
+				pos[i] = float64(p)
+			}
+			return pos
+		}
+	}
+	return nil
 }
 
 // Refund hands back n of a take identified by its tats.
