@@ -151,7 +151,7 @@ func (st *State) Anchor(i int) Anchor {
 // Due returns when a grant at positions pos (a layer each, the first
 // layer's first) falls due under st, µs on the server's clock: when the
 // last of the layers asked falls due. It returns false while a pause with
-// no end holds it: one due after the pause began.
+// no end holds it: one due once the pause had begun.
 func (st *State) Due(pos []float64, asked func(i int) bool) (int64, bool) {
 	due := int64(math.MinInt64)
 	for i, p := range pos {
@@ -162,7 +162,7 @@ func (st *State) Due(pos []float64, asked func(i int) bool) (int64, bool) {
 	if due == math.MinInt64 {
 		return st.serverAt, true // nothing asked
 	}
-	if !st.since.IsZero() && st.until.IsZero() && due > st.sinceUS {
+	if !st.since.IsZero() && st.until.IsZero() && due >= st.sinceUS {
 		return 0, false
 	}
 	return due, true

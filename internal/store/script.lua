@@ -456,10 +456,14 @@ local function stretch(i, t, x)
   reanchor(a, i, t)
   a.scale = a.scale * x
 end
--- moveBack moves the grants of layer i d sooner (µs), none before the
--- anchor's instant, as a give-back does.
+-- moveBack moves the grants of layer i d sooner (µs), as a give-back
+-- does: none before the anchor's instant, nor while a pause is in force
+-- before the point its shifts have moved the queues to (see origin).
 local function moveBack(i, d)
   local a = anchor(i)
+  if paused then
+    reanchor(a, i, origin())
+  end
   a.pos, a.moved = a.pos + d / a.scale, true
 end
 -- saveTimeline writes the anchors moved and counts the move; it returns
