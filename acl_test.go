@@ -19,7 +19,7 @@ import (
 const aclLimiter = "on >limiter-secret resetkeys ~quota:* resetchannels &quota:* -@all " +
 	"+evalsha +eval +get +set +del +time +zadd +zremrangebyscore +pexpire +zcard +hello " +
 	"+publish +subscribe +ping +zscore +zrem +zrange +rpush +lpop +lrem " +
-	"+hget +hmget +hset +hdel +hgetall +hlen +persist +pttl +zcount"
+	"+hget +hmget +hset +hdel +hgetall +hlen +persist +pttl +zcount +hincrby +hkeys +lrange +linsert"
 
 // TestREADMEShowsTheACL: the README's ACL line is the one tested.
 func TestREADMEShowsTheACL(t *testing.T) {
