@@ -119,6 +119,17 @@ func Num(x float64) string {
 	return strconv.FormatFloat(x, 'g', -1, 64)
 }
 
+// Now returns the now ARGV of a script, which the prelude's clock reads:
+// clock's now in microseconds, or "" for the server's TIME when clock is
+// nil. Every call of a Limiter given a clock passes it, so that its
+// scripts never call TIME, which a Redis user may lack.
+func Now(clock func() time.Time) string {
+	if clock == nil {
+		return ""
+	}
+	return strconv.FormatInt(clock().UnixMicro(), 10)
+}
+
 // Touch records now in t unless t holds a time less than a second older:
 // a use recorded on every call need not write on most.
 func Touch(t *atomic.Int64, now int64) {
