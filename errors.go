@@ -33,9 +33,11 @@ var (
 	// serve the request, and the Policy refused the request.
 	ErrUnavailable = errors.New("quota: redis unavailable")
 
-	// ErrNoPermission reports that the Redis user may not run the script or
-	// touch its keys (an ACL NOPERM reply). It is a misconfiguration, not an
-	// outage: the policy does not hide it.
+	// ErrNoPermission reports that the Redis user may not run the script, a
+	// command the script calls, or touch its keys or channel (an ACL NOPERM
+	// reply, or the refusal of a command inside a script), or could not log
+	// in (WRONGPASS, NOAUTH). It is a misconfiguration, not an outage: the
+	// policy does not hide it, and the Limiter logs the first one.
 	ErrNoPermission = errors.New("quota: redis user lacks permission")
 
 	// ErrScript reports a call the server rejected as wrong, or a reply this

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"strings"
+	"sync/atomic"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/sharedquota/quota/internal/breaker"
@@ -46,6 +47,8 @@ type Limiter struct {
 	events   *redisx.Listener
 	controls *control.Controls
 	lines    lines // the callers that wait for their tenants' turns
+
+	deniedLogged atomic.Bool // an ErrNoPermission was logged (see classify)
 }
 
 // NewLimiter returns a Limiter that keeps its buckets in rdb, which may be a

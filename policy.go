@@ -196,9 +196,18 @@ func (l *Limiter) ask(ctx context.Context, b bucket) error {
 }
 
 // classify turns an error of a Redis call into the error a caller gets
-// (see classify).
+// (see classify). It logs the first ErrNoPermission: no change of mode
+// reports it, since the policy does not serve such calls.
 func (l *Limiter) classify(ctx context.Context, err error) error {
-	return classify(ctx, err, l.store.Cluster())
+	cerr := classify(ctx, err, l.store.Cluster())
+	if errors.Is(cerr, ErrNoPermission) && l.deniedLogged.CompareAndSwap(false, true) {
+		l.cfg.logger.LogAttrs(context.Background(), slog.LevelError,
+			"quota: the Redis user lacks a permission or cannot log in; its calls fail with ErrNoPermission",
+			slog.String("redis", l.updates.client),
+			slog.String("cause", err.Error()),
+		)
+	}
+	return cerr
 }
 
 func (l *Limiter) mode() Mode { return Mode(l.breaker.Mode()) }

@@ -479,7 +479,7 @@ func (c *Controls) read(ctx context.Context, e *Entry) error {
 		keys = append(keys, e.key+suffix)
 	}
 	keys = append(keys, e.key+Suffix)
-	cmd, _ := c.script.Run(ctx, keys, "read", e.seen, e.layers, "", c.id)
+	cmd, _ := c.script.Run(ctx, keys, "read", e.seen, e.layers, redisx.Now(c.clock), c.id)
 	rec, err := Parse(cmd)
 	if err != nil {
 		return err
@@ -774,11 +774,7 @@ func (c *Controls) Op(ctx context.Context, key, op string, x, y any) (Record, er
 		}
 	}
 	keys = append(keys, key+Suffix)
-	now := ""
-	if c.clock != nil {
-		now = strconv.FormatInt(c.clock().UnixMicro(), 10)
-	}
-	cmd, _ := c.script.Run(ctx, keys, op, x, y, now, c.channel)
+	cmd, _ := c.script.Run(ctx, keys, op, x, y, redisx.Now(c.clock), c.channel)
 	if err := cmd.Err(); err != nil {
 		return Record{}, err
 	}

@@ -7,7 +7,6 @@ import (
 	"encoding/hex"
 	"fmt"
 	"os"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -69,11 +68,7 @@ func (f *Workers) Heartbeat() {
 		defer f.beating.Store(false)
 		ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
 		defer cancel()
-		now := ""
-		if f.clock != nil {
-			now = strconv.FormatInt(f.clock().UnixMicro(), 10)
-		}
-		cmd, _ := f.script.Run(ctx, []string{f.key}, f.id, BeatTTL.Milliseconds(), now)
+		cmd, _ := f.script.Run(ctx, []string{f.key}, f.id, BeatTTL.Milliseconds(), redisx.Now(f.clock))
 		if n, err := cmd.Int64(); err == nil {
 			f.Saw(int(n))
 		}

@@ -26,7 +26,7 @@ const (
 	Ended                     // the caller's context ended
 	Deadline                  // the caller's deadline passed
 	Rejected                  // the server rejected the call as wrong
-	NoPermission              // the user may not run it (NOPERM)
+	NoPermission              // the user may not run it, or did not log in (see isPermission)
 	NotCluster                // a Cluster node redirected a client that does not follow
 	BadReply                  // the reply did not have its shape (ErrReply)
 )
@@ -46,7 +46,7 @@ func Classify(ctx context.Context, err error, cluster bool) Class {
 	switch {
 	case errors.Is(err, ErrReply):
 		return BadReply
-	case redis.HasErrorPrefix(err, "NOPERM"):
+	case isPermission(err):
 		return NoPermission
 	case !cluster && (redis.HasErrorPrefix(err, "MOVED") || redis.HasErrorPrefix(err, "ASK")):
 		return NotCluster
@@ -76,6 +76,44 @@ var outageReplies = []string{"LOADING", "CLUSTERDOWN", "READONLY", "MASTERDOWN",
 func isOutageReply(err error) bool {
 	for _, p := range outageReplies {
 		if redis.HasErrorPrefix(err, p) {
+			return true
+		}
+	}
+	return false
+}
+
+// permissionReplies are the error replies of a user who did not log in
+// or may not run a command.
+var permissionReplies = []string{"NOPERM", "WRONGPASS", "NOAUTH"}
+
+// scriptPermission are what Redis answers, after ERR and perhaps the
+// script's location, when the ACL refuses a command a script calls:
+// "The user executing the script can't run this command or subcommand",
+// "... can't access at least one of the keys ...", "... can't publish to
+// the channel ..." (Redis 6 and 7.0); "ACL failure in script: ..." (7.2
+// and later).
+var scriptPermission = []string{"The user executing the script can't ", "ACL failure in script: "}
+
+// isPermission reports whether err is an error reply that says the user
+// did not log in or may not run the call, or a command the call's script
+// runs. An error the scripts make themselves, "quota: ...", may quote the
+// caller's arguments, and is never one.
+func isPermission(err error) bool {
+	var rerr redis.Error
+	if !errors.As(err, &rerr) {
+		return false
+	}
+	for _, p := range permissionReplies {
+		if redis.HasErrorPrefix(err, p) {
+			return true
+		}
+	}
+	msg := rerr.Error()
+	if strings.HasPrefix(msg, "quota: ") {
+		return false
+	}
+	for _, s := range scriptPermission {
+		if strings.Contains(msg, s) {
 			return true
 		}
 	}
@@ -117,6 +155,17 @@ func Num(x float64) string {
 		return strconv.FormatFloat(x, 'f', -1, 64)
 	}
 	return strconv.FormatFloat(x, 'g', -1, 64)
+}
+
+// Now returns the now ARGV of a script, which the prelude's clock reads:
+// clock's now in microseconds, or "" for the server's TIME when clock is
+// nil. Every call of a Limiter given a clock passes it, so that its
+// scripts never call TIME, which a Redis user may lack.
+func Now(clock func() time.Time) string {
+	if clock == nil {
+		return ""
+	}
+	return strconv.FormatInt(clock().UnixMicro(), 10)
 }
 
 // Touch records now in t unless t holds a time less than a second older:

@@ -228,11 +228,7 @@ func (s *Slots) run(ctx context.Context, set *Set, n int, op string, take *Take,
 		keys = set.withTake(take.Keys)
 	}
 	args := make([]any, 0, 6+len(released)+len(ids)+extra)
-	var now any = ""
-	if s.clock != nil {
-		now = strconv.FormatInt(s.clock().UnixMicro(), 10)
-	}
-	args = append(args, op, n, s.leaseArg, s.channel, now, len(released))
+	args = append(args, op, n, s.leaseArg, s.channel, redisx.Now(s.clock), len(released))
 	for _, id := range released {
 		args = append(args, id)
 	}

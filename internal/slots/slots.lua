@@ -220,7 +220,10 @@ local function dispatch()
   end
   if #handed > 0 and channel ~= '' then
     local key = string.sub(held, 1, #held - #':slots')
-    redis.call('PUBLISH', channel, 's ' .. table.concat(handed, ' ') .. '\n' .. key)
+    -- pcall: the hand-offs, known only once written, are lost rather
+    -- than the call failed when the user may not publish; a renewal
+    -- finds them within a quarter lease.
+    redis.pcall('PUBLISH', channel, 's ' .. table.concat(handed, ' ') .. '\n' .. key)
   end
 end
 

@@ -623,7 +623,13 @@ if record then
   end
 
   local r1, b1 = rates[1], fulls[1] and fulls[1] * rates[1] / 1000000
-  local changed = true
+  if op ~= 'read' and op ~= 'status' then
+    -- The change is announced before anything is written: a publish the
+    -- user may not make fails the call, and nothing has changed. (A pause
+    -- or a resume that changes nothing is announced too: the Limiters
+    -- that hear it read the record again.)
+    redis.call('PUBLISH', ARGV[5], KEYS[1])
+  end
   if op == 'read' then
     redis.call('HSET', ctl, 'seen', ARGV[2], 'layers', ARGV[3], 'u:' .. ARGV[5], math.floor(now / 1000) + use)
     -- The users that stopped go in a sweep once the fields outnumber
@@ -632,7 +638,6 @@ if record then
     if redis.call('HLEN', ctl) > 2 * n + 32 then
       sweep()
     end
-    changed = false
   elseif op == 'status' then
     users = tostring(sweep())
     tat = tonumber(redis.call('GET', KEYS[1]))
@@ -640,7 +645,6 @@ if record then
       tat = tat - shifted -- the queue as it stands before the pause moved it
     end
     tat = tat and string.format('%d', tat)
-    changed = false
   elseif op == 'limit' then
     redis.call('HSET', ctl, 'rate', ARGV[2], 'burst', ARGV[3])
     rescale(r1, b1)
@@ -652,15 +656,12 @@ if record then
     if ARGV[2] ~= 'forever' then
       e = now + tonumber(ARGV[2])
     end
-    changed = pauseTo(e, 'operator')
+    pauseTo(e, 'operator')
   elseif op == 'resume' then
-    changed = pauseTo(now, 'operator', true)
+    pauseTo(now, 'operator', true)
   end
   if op ~= 'status' then
     expire()
-  end
-  if changed then
-    redis.call('PUBLISH', ARGV[5], KEYS[1])
   end
   local g = redis.call('HMGET', ctl, 'rate', 'burst', 'since', 'until', 'seen', 'src', 'ev')
   local pushed = ''
@@ -1072,7 +1073,10 @@ if op == 'take' then
             parts[#parts + 1] = lower .. ':' .. sfx(i) .. '=' .. string.format('%d', math.floor(pushes[lower][i] + 0.5))
           end
         end
-        redis.call('PUBLISH', channel, table.concat(parts, ' ') .. '\n' .. KEYS[1])
+        -- pcall: the announcement, known only once the take is
+        -- written, is lost rather than the take failed when the user may
+        -- not publish; the sleepers read the record again in time.
+        redis.pcall('PUBLISH', channel, table.concat(parts, ' ') .. '\n' .. KEYS[1])
       end
     end
     expire()
@@ -1131,7 +1135,10 @@ if op == 'pause' then
   if pauseTo(now + n, 'provider') then
     expire()
     if ARGV[3] ~= '' then
-      redis.call('PUBLISH', ARGV[3], KEYS[1])
+      -- pcall: whether the pause changed anything is known only once it
+      -- is written; it holds every take whether or not this reaches the
+      -- sleepers, who read the record again in time.
+      redis.pcall('PUBLISH', ARGV[3], KEYS[1])
     end
   end
   for i = 1, k do
@@ -1226,8 +1233,10 @@ if moved then
   if channel and channel ~= '' then
     -- "b", the timeline's count, and the layers' anchors (see timeline),
     -- a newline, then the bucket's key: the callers asleep in the queue go
-    -- sooner.
-    redis.call('PUBLISH', channel, 'b ' .. ev .. ' ' .. timeline() .. '\n' .. KEYS[1])
+    -- sooner. pcall: an announcement known only once written is lost
+    -- rather than the adjust failed when the user may not publish; the
+    -- sleepers read the record again in time.
+    redis.pcall('PUBLISH', channel, 'b ' .. ev .. ' ' .. timeline() .. '\n' .. KEYS[1])
   end
 end
 return r

@@ -452,12 +452,7 @@ func (s *Store) decode(cmd *redis.Cmd, b Bucket) ([]int64, error) {
 
 // Now returns the ARGV the scripts read as the time: empty for the
 // server's clock, the callers' clock in microseconds otherwise.
-func (s *Store) Now() string {
-	if s.clock == nil {
-		return ""
-	}
-	return strconv.FormatInt(s.clock().UnixMicro(), 10)
-}
+func (s *Store) Now() string { return redisx.Now(s.clock) }
 
 // argvCache keeps the script arguments that most calls repeat (the Limits
 // in use, one token, the longest wait) formatted and boxed, so that a call
