@@ -248,13 +248,13 @@ func (f fakeScripts) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 			c.SetErr(err)
 			return err
 		}
-		// A take granted after a microsecond's wait, or a record that
-		// holds nothing.
+		// A take granted after a microsecond's wait (at position 0: no
+		// timeline to follow), or a record that holds nothing.
 		c.SetVal([]any{int64(1), int64(1), int64(1), int64(0), int64(0), int64(0)})
 		if args := c.Args(); len(args) > 3 {
 			if numkeys, err := strconv.Atoi(fmt.Sprint(args[2])); err == nil && len(args) > 3+numkeys && fmt.Sprint(args[3+numkeys]) == "read" {
-				c.SetVal(make([]any, 15))
-				for i := range 15 {
+				c.SetVal(make([]any, 12))
+				for i := range 12 {
 					c.Val().([]any)[i] = ""
 				}
 			}
