@@ -26,8 +26,10 @@ for _ in $(seq 50); do "${cli[@]}" PING >/dev/null 2>&1 && break; sleep 0.1; don
 # redis_rate keeps its script in a Go string; take the allowN one.
 awk '/^var allowN = redis.NewScript\(`/{on=1; next} on && /^`\)/{exit} on' "$rr_dir/lua.go" >"$tmp/rr.lua"
 
-# The bucket script runs after the prelude every script of the library has.
-quota_sha=$("${cli[@]}" SCRIPT LOAD "$(cat internal/redisx/prelude.lua internal/store/script.lua)")
+# The bucket script runs after the prelude every script of the library has;
+# its parts are joined in internal/store's order (sourceParts).
+parts=$(sed -n 's/^var sourceParts = \[\]string{\(.*\)}$/\1/p' internal/store/store.go | tr -d '",')
+quota_sha=$("${cli[@]}" SCRIPT LOAD "$(cat internal/redisx/prelude.lua $(for p in $parts; do echo "internal/store/$p"; done))")
 rr_sha=$("${cli[@]}" SCRIPT LOAD "$(cat "$tmp/rr.lua")")
 
 # cost SHA ARGS... runs one round and prints EVALSHA's usec_per_call.

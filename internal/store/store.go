@@ -8,13 +8,14 @@ package store
 import (
 	"context"
 	"crypto/sha256"
-	_ "embed"
+	"embed"
 	"encoding/hex"
 	"fmt"
 	"maps"
 	"math"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -24,8 +25,24 @@ import (
 	"github.com/sharedquota/quota/internal/redisx"
 )
 
-//go:embed script.lua
-var source string
+// The bucket script, in parts of one concern each, joined in this order
+// into the one script every call runs (see script.lua).
+var sourceParts = []string{"script.lua", "classes.lua", "timeline.lua", "record.lua", "tenants.lua", "take.lua", "layers.lua"}
+
+//go:embed *.lua
+var sources embed.FS
+
+var source = func() string {
+	var b strings.Builder
+	for _, name := range sourceParts {
+		part, err := sources.ReadFile(name)
+		if err != nil {
+			panic(err)
+		}
+		b.Write(part)
+	}
+	return b.String()
+}()
 
 // MaxNameLen bounds a bucket's name inside its Redis key. Longer names,
 // which only untrusted input produces, are shortened to a prefix and a
