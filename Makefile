@@ -15,6 +15,9 @@
 #             the fast tests (go test -short: miniredis and single real
 #             servers; the long, multi-process, Cluster and fault tests
 #             are left to make test)
+# make soak   the model-based test on SEEDS random sequences of pauses, 429s,
+#             limit changes and stopping workers (SEEDS=50 by default;
+#             QUOTA_SOAK_FIRST=n starts at seed n)
 
 GO          ?= go
 STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
@@ -25,7 +28,7 @@ STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
 # make test).
 export GOFLAGS := $(strip $(GOFLAGS) -trimpath)
 
-.PHONY: demo test check bench e2e lint redis fuzz
+.PHONY: demo test check bench e2e lint redis fuzz soak
 
 demo: redis
 	cd demo && $(GO) run . -out ../demo-out
@@ -60,6 +63,12 @@ check: redis
 fuzz: redis
 	QUOTA_REQUIRE_REDIS=1 $(GO) test -run '^$$' -fuzz '^FuzzKeys$$' -fuzztime 200000x .
 	QUOTA_REQUIRE_REDIS=1 $(GO) test -run '^$$' -fuzz '^FuzzScript$$' -fuzztime 200000x .
+
+# Each seed's failure names it: QUOTA_SOAK_FIRST=<seed> make soak SEEDS=1
+# runs it again.
+SEEDS ?= 50
+soak: redis
+	QUOTA_REQUIRE_REDIS=1 QUOTA_SOAK_SEEDS=$(SEEDS) $(GO) test -race -count=1 -run '^TestModelSequences$$' -timeout 60m .
 
 bench: redis
 	QUOTA_REQUIRE_REDIS=1 $(GO) test -run '^$$' -bench . -benchmem -count 8 .
