@@ -450,6 +450,7 @@ func modelSeeds(t *testing.T) []uint64 {
 
 func TestModelSequences(t *testing.T) {
 	redistest.Long(t)
+	t.Parallel()
 	srv := redistest.Start(t)
 	for _, seed := range modelSeeds(t) {
 		t.Run("seed="+strconv.FormatUint(seed, 10), func(t *testing.T) {
@@ -473,6 +474,7 @@ func TestModelSequences(t *testing.T) {
 // its own) must fail the checker, and so must records with arrivals
 // inside a pause, none after a Resume, or too many in a second.
 func TestModelNegativeControl(t *testing.T) {
+	t.Parallel()
 	t.Run("checker", func(t *testing.T) {
 		start := time.Now()
 		r := &modelRecord{start: start, end: start.Add(4 * time.Second), base: modelBase, callers: 1,
@@ -501,6 +503,7 @@ func TestModelNegativeControl(t *testing.T) {
 	})
 	t.Run("pauses unseen", func(t *testing.T) {
 		redistest.Long(t)
+		t.Parallel()
 		srv := redistest.Start(t)
 		plan := []modelStep{{at: 1500 * time.Millisecond, kind: "429", d: 2 * time.Second, what: "429 Retry-After 2s"},
 			{at: 4500 * time.Millisecond, kind: "429", d: time.Second, what: "429 Retry-After 1s"}}
