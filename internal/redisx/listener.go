@@ -145,10 +145,12 @@ func (ls *Listener) run(s subscriber, up chan struct{}) {
 	ls.mu.Lock()
 	ls.upAt = time.Now()
 	ls.mu.Unlock()
-	close(up)
+	// Started before Ready: whoever waited for the listener finds what it
+	// was told to do once listening began.
 	if ls.h.Started != nil {
 		ls.h.Started()
 	}
+	close(up)
 	idle := time.NewTicker(ls.idle / 4)
 	defer idle.Stop()
 	for {
