@@ -13,11 +13,12 @@ package slots
 import (
 	"context"
 	"crypto/rand"
-	_ "embed"
+	"embed"
 	"encoding/hex"
 	"log/slog"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -27,8 +28,26 @@ import (
 	"github.com/sharedquota/quota/internal/redisx"
 )
 
-//go:embed slots.lua
-var slotsSource string
+// The slot script, in parts of one concern each, joined in this order
+// into the one script every call runs (see slots.lua): the contract and
+// what every operation does first, the queue by priority class, the
+// hand-offs, then the operations and the keys' expiry.
+var sourceParts = []string{"slots.lua", "queue.lua", "handoff.lua", "ops.lua"}
+
+//go:embed *.lua
+var sources embed.FS
+
+var slotsSource = func() string {
+	var b strings.Builder
+	for _, name := range sourceParts {
+		part, err := sources.ReadFile(name)
+		if err != nil {
+			panic(err)
+		}
+		b.Write(part)
+	}
+	return b.String()
+}()
 
 // The suffixes, after a bucket's key, of the keys of its concurrency slots:
 // the slots held, the waiters' leases and the queue.
