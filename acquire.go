@@ -16,14 +16,6 @@ import (
 // cancelled wait; the caller does not wait for it.
 const refundTimeout = time.Second
 
-// limits is lim followed by its layers.
-func limits(lim Limit, layers []Limit) []Limit {
-	if len(layers) == 0 {
-		return []Limit{lim}
-	}
-	return append([]Limit{lim}, layers...)
-}
-
 // ask is what one acquisition asks for: n tokens from each of the layers
 // lims (or with meters, each[i] from the layer that meters meters[i]),
 // and, when slots is above zero, one of the bucket's slots; at once or
@@ -368,38 +360,5 @@ func (l *Limiter) refund(ctx context.Context, b bucket, n store.Cost, tats []int
 	defer cancel()
 	if err := l.store.Refund(ctx, b.Bucket, n, tats); err == nil {
 		l.obs.refunds.Add(ctx, 1)
-	}
-}
-
-// maxWait returns how long the caller accepts to wait: until ctx's
-// deadline when it has one, however far, so that the caller keeps its
-// place in the queue; MaxWait otherwise. deadline tells which.
-func (l *Limiter) maxWait(ctx context.Context) (wait time.Duration, deadline bool) {
-	if d, ok := ctx.Deadline(); ok {
-		return max(time.Until(d), 0), true
-	}
-	return l.cfg.maxWait, false
-}
-
-// sleep waits for d or until ctx ends, whichever comes first.
-func sleep(ctx context.Context, d time.Duration) error {
-	return sleepOr(ctx, d, nil)
-}
-
-// sleepOr is sleep that also ends, without an error, when wake (if not
-// nil) receives.
-func sleepOr(ctx context.Context, d time.Duration, wake <-chan struct{}) error {
-	if d <= 0 {
-		return nil
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-wake:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
 	}
 }

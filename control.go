@@ -64,6 +64,39 @@ const (
 	minRetry  = 250 * time.Millisecond
 )
 
+// maxWait returns how long the caller accepts to wait: until ctx's
+// deadline when it has one, however far, so that the caller keeps its
+// place in the queue; MaxWait otherwise. deadline tells which.
+func (l *Limiter) maxWait(ctx context.Context) (wait time.Duration, deadline bool) {
+	if d, ok := ctx.Deadline(); ok {
+		return max(time.Until(d), 0), true
+	}
+	return l.cfg.maxWait, false
+}
+
+// sleep waits for d or until ctx ends, whichever comes first.
+func sleep(ctx context.Context, d time.Duration) error {
+	return sleepOr(ctx, d, nil)
+}
+
+// sleepOr is sleep that also ends, without an error, when wake (if not
+// nil) receives.
+func sleepOr(ctx context.Context, d time.Duration, wake <-chan struct{}) error {
+	if d <= 0 {
+		return nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-wake:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
 // awaitPause waits while b is paused, as far as the Limiter knows, when
 // the script cannot queue the caller behind the pause: while it has no
 // end, or ends after the longest wait the caller accepts (maxWait). It

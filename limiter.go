@@ -199,6 +199,14 @@ func (l *Limiter) AllowN(ctx context.Context, name string, n float64, lim Limit,
 	return err == nil, err
 }
 
+// limits is lim followed by its layers.
+func limits(lim Limit, layers []Limit) []Limit {
+	if len(layers) == 0 {
+		return []Limit{lim}
+	}
+	return append([]Limit{lim}, layers...)
+}
+
 // announced hands on an announcement on the prefix's control channel: a
 // bucket's key, whose control record changed; "s <id>[=<grant>]...", a
 // newline and a bucket's key: the concurrency slots of that bucket handed

@@ -1,0 +1,41 @@
+-- classOf returns the priority class of the take t (nil: 0), which its
+-- bucket ARGV[2] names after "@", before the tenant it may name after "|"
+-- (see script.lua).
+local function classOf(t)
+  local c = t and t.argv and t.argv[2] and string.match(string.match(t.argv[2], '^[^|]*'), '@([1-7])')
+  return tonumber(c) or 0
+end
+
+-- entry returns the queue's entry for id, a waiter of class c.
+local function entry(id, c)
+  if c > 0 then
+    return id .. '@' .. c
+  end
+  return id
+end
+
+-- enqueue puts id, a waiter of class c, at the end of its class in the
+-- queue: ahead of the first waiter of a lower class.
+local function enqueue(id, c)
+  if c > 0 then
+    local entries = redis.call('LRANGE', queue, 0, -1)
+    for _, e in ipairs(entries) do
+      local ec = tonumber(string.match(e, '@([1-7])$')) or 0
+      if ec < c then
+        redis.call('LINSERT', queue, 'BEFORE', e, entry(id, c))
+        return
+      end
+    end
+  end
+  redis.call('RPUSH', queue, entry(id, c))
+end
+
+-- queuedClass returns the class id queues at, from the take it left.
+local function queuedClass(id)
+  local t = redis.call('HGET', takes, id)
+  if t and string.sub(t, 1, 1) == '{' then
+    return classOf(cjson.decode(t))
+  end
+  return 0
+end
+
