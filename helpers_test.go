@@ -277,10 +277,10 @@ type takeGrant struct {
 // for any other command. sent is when the command was sent.
 //
 // A take that waits replies {1, wait, tat_1, ..., tat_k}: tat_i is layer
-// i's new theoretical arrival time, max(old tat_i, g) + n/rate_i, where g
-// is the grant instant. Layer i holds burst_i tokens again at tat_i less
-// burst_i/rate_i. The layer that sets the wait had its old tat beyond g,
-// so g = tat_i - burst_i/rate_i for it, and for every other layer
+// i's new theoretical arrival time, max(old tat_i, now) + n/rate_i. Layer
+// i holds burst_i tokens again at tat_i less burst_i/rate_i. The layer
+// that sets the wait had its old tat beyond the grant instant g, so g =
+// tat_i - burst_i/rate_i for it, and for every other layer
 // tat_j - burst_j/rate_j <= g (its own wait is no longer). So g is the
 // largest tat_i - burst_i/rate_i: found here to within the microsecond to
 // which the script floors the tats, never later. A batch replies such a

@@ -146,14 +146,15 @@ if op == 'take' then
         reply[o + 2 + i] = math.floor(from[i])
       end
     else
-      -- Every layer gives its tokens when the slowest does: a layer that
-      -- could give them sooner counts them from then, as if taken then;
-      -- but a layer whose lower classes the take pushes takes them where
-      -- it queues, the commit point, which the pushes are reckoned from.
-      local at = now
-      if longest > 0 then
-        at = now + longest
-      else
+      -- Each layer counts the tokens from where its own queue has room
+      -- (and no sooner than a pause lets it, see origin), not from when
+      -- the slowest layer gives them: a layer that could give them
+      -- sooner holds the grant back no further than its own tokens, so
+      -- that a give-back that moves the slowest layer's queue (see
+      -- timeline) moves the grant with it. A layer whose lower classes
+      -- the take pushes takes them where it queues, the commit point,
+      -- which the pushes are reckoned from.
+      if longest <= 0 then
         wait = 0
       end
       if tenant then
@@ -189,7 +190,7 @@ if op == 'take' then
               end
             end
           else
-            v = math.max(from[i], at) + d
+            v = math.max(from[i], origin()) + d
             tats[i] = math.max(tats[i], v)
             for lower = 1, class - 1 do
               tails[lower][i] = v
