@@ -118,6 +118,33 @@ func (s *Slots) renewLoop(set *Set, next time.Duration) {
 	}
 }
 
+// Missed is told that hand-offs may have been announced that the
+// Limiter did not hear: it listens again after its connection broke, and
+// Redis may have restarted and forgotten its queues. The waiters, which
+// make no call while they wait, renew Rejoin later rather than at their
+// next renewal, a quarter lease away: the renewal finds the slots handed
+// to them meanwhile, and queues again those Redis lost, so that a restart
+// does not leave them waiting while callers that came after are served.
+func (s *Slots) Missed() {
+	s.mu.Lock()
+	var sets []*Set
+	for _, set := range s.m {
+		if len(set.waiting) > 0 {
+			sets = append(sets, set)
+		}
+	}
+	s.mu.Unlock()
+	for _, set := range sets {
+		time.AfterFunc(s.rejoin, func() {
+			ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
+			defer cancel()
+			if _, _, err := s.renewOnce(ctx, set); redisx.Outage(context.Background(), err, s.cluster()) != nil {
+				s.abandon(set, err)
+			}
+		})
+	}
+}
+
 // Register renews every set's leases now, and so holds in Redis again the
 // slots in use here that it does not hold: those the policy granted while
 // Redis was unavailable, and those Redis lost meanwhile. The Limiter

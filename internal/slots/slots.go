@@ -72,6 +72,7 @@ type Slots struct {
 	clock    func() time.Time
 	lease    time.Duration // of each slot and each waiter
 	leaseArg any           // the lease in microseconds, as the script reads it
+	rejoin   time.Duration // from a missed announcement to the waiters' renewal
 	id       string        // this Limiter's, the prefix of its ids
 	seq      atomic.Uint64
 	logger   *slog.Logger
@@ -95,6 +96,10 @@ type Options struct {
 	// Bucket is the bucket script's source (internal/store), which the
 	// slot operations run to take a caller's tokens with its slot.
 	Bucket string
+	// Rejoin is how long after the Limiter listens again its waiters
+	// renew (see Missed): long enough for every Limiter to have found
+	// Redis again and held in it the slots its policy granted.
+	Rejoin time.Duration
 }
 
 // A Take is a caller's tokens, asked for with its slot: the bucket
@@ -196,6 +201,7 @@ func New(rdb redis.Scripter, events *redisx.Listener, o Options) *Slots {
 		clock:    o.Clock,
 		lease:    o.Lease,
 		leaseArg: o.Lease.Microseconds(),
+		rejoin:   o.Rejoin,
 		id:       hex.EncodeToString(id[:]),
 		logger:   o.Logger,
 		told:     o.Told,
