@@ -16,7 +16,8 @@
 #             servers; the long, multi-process, Cluster and fault tests
 #             are left to make test)
 # make soak   the model-based test on SEEDS random sequences of pauses, 429s,
-#             limit changes and stopping workers (SEEDS=50 by default;
+#             limit changes, stopping workers and Redis restarts, with
+#             slots, tenants and priorities (SEEDS=50 by default;
 #             QUOTA_SOAK_FIRST=n starts at seed n)
 
 GO          ?= go

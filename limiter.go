@@ -83,6 +83,7 @@ func newLimiter(rdb redis.Scripter, cfg config) *Limiter {
 		Channel: cfg.prefix + control.Channel,
 		Clock:   cfg.clock,
 		Lease:   cfg.slotLease,
+		Rejoin:  resumeDelay,
 		Logger:  cfg.logger,
 		Bucket:  store.Source(),
 		Told: slots.Events{
@@ -100,7 +101,7 @@ func newLimiter(rdb redis.Scripter, cfg config) *Limiter {
 	l.controls = control.New(l.store.Script(), cfg.prefix+control.Channel, cfg.clock, l.events)
 	l.events.Handle(redisx.Handlers{
 		Message: l.announced,
-		Started: l.controls.Resync,
+		Started: l.listening,
 		Stopped: l.controls.Forget,
 	})
 	client := redisx.Describe(rdb)
@@ -238,6 +239,15 @@ func (l *Limiter) announced(payload string) {
 		return
 	}
 	l.controls.Announced(payload)
+}
+
+// listening runs when the Limiter listens on the control channel, from
+// its start or again after its connection broke: the announcements made
+// meanwhile are lost. The records its callers wait on are read again, and
+// its slot waiters renew (see Slots.Missed).
+func (l *Limiter) listening() {
+	l.controls.Resync()
+	l.slots.Missed()
 }
 
 // Mode returns how the Limiter grants tokens now: ModeShared while Redis is

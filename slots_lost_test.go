@@ -3,6 +3,7 @@ package quota
 import (
 	"context"
 	"errors"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -208,4 +209,89 @@ func TestAbandonedWaitersLeaveTheQueue(t *testing.T) {
 		t.Fatalf("a caller after the release: %v; the abandoned ids took the slot", err)
 	}
 	next.Release()
+}
+
+// TestRestartReachesWaitingLimiters: a Limiter whose only caller waits in
+// Redis's queue for a slot makes no call meanwhile, so it does not see
+// Redis restart empty and forget the caller's place. Another Limiter's
+// callers, which take the slot in turn, are served by the restarted Redis
+// while it waits. It must queue again and get the slot within 1.5 s of
+// the restart, not at its next renewal, a quarter lease after it queued
+// (2.5 s with the default lease), behind whoever came since.
+func TestRestartReachesWaitingLimiters(t *testing.T) {
+	redistest.Long(t)
+	t.Parallel()
+	srv := redistest.Start(t)
+	limiter := func() *Limiter {
+		rdb := redis.NewClient(faultOptions(srv.Addr()))
+		t.Cleanup(func() { rdb.Close() })
+		return NewLimiter(rdb, WithPolicy(FallbackLocal(2)), WithLogger(discardLogger()))
+	}
+	others, idle := limiter(), limiter()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	held, err := others.AcquireSlot(ctx, "restart", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waiter := acquireAsync(ctx, idle, "restart", 1)
+	rdb := srv.Client(t)
+	eventually(t, 5*time.Second, "the caller queued", func() bool {
+		_, w := slotsHeld(t, rdb, "restart")
+		return w == 1
+	})
+	queued := time.Now()
+	srv.Kill()
+	time.Sleep(300 * time.Millisecond)
+	srv.Restart()
+	restarted := time.Now()
+	held.Release()
+
+	// The others go on: two callers that take the slot in turn, each
+	// for 50 ms, as the waiting caller will once it has it.
+	var served, inUse, peak atomic.Int32
+	use := func(s *Slot) {
+		if n := inUse.Add(1); n > peak.Load() {
+			peak.Store(n)
+		}
+		time.Sleep(50 * time.Millisecond)
+		inUse.Add(-1)
+		s.Release()
+	}
+	turns, stop := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	for range 2 {
+		wg.Go(func() {
+			for {
+				s, err := others.AcquireSlot(turns, "restart", 1)
+				if err != nil {
+					return
+				}
+				served.Add(1)
+				use(s)
+			}
+		})
+	}
+	select {
+	case r := <-waiter:
+		waited := time.Since(restarted)
+		if r.err != nil {
+			t.Fatal("the waiting caller:", r.err)
+		}
+		use(r.slot)
+		stop()
+		wg.Wait()
+		t.Logf("queued %v before the restart; got its slot (%v) %v after it, the others served %d times meanwhile; at most %d in use",
+			restarted.Sub(queued).Round(time.Millisecond), r.slot.mode, waited.Round(time.Millisecond), served.Load(), peak.Load())
+		if waited > 1500*time.Millisecond {
+			t.Errorf("the waiting caller got its slot %v after the restart, the others served %d times meanwhile; want within 1.5s",
+				waited.Round(time.Millisecond), served.Load())
+		}
+		if peak.Load() > 1 {
+			t.Errorf("%d callers held the bucket's one slot at once", peak.Load())
+		}
+	case <-time.After(8 * time.Second):
+		stop()
+		t.Fatalf("the waiting caller still waits 8s after the restart; the others were served %d times", served.Load())
+	}
 }

@@ -16,7 +16,8 @@ import (
 // It listens while in use: from the first Use or Hold until it has not
 // been used for its idle time and nothing holds it. go-redis resubscribes
 // after a reconnect; what was published meanwhile is lost, so every caller
-// that waits for a message must also have a timer.
+// that waits for a message must also have a timer, and the listener tells
+// its Started handler again once it listens again.
 type Listener struct {
 	rdb     redis.Scripter
 	channel string
@@ -34,8 +35,11 @@ type Listener struct {
 // Handlers are what a Listener calls, on its own goroutine.
 type Handlers struct {
 	Message func(payload string) // a message on the channel
-	Started func()               // it listens: what came before was missed
-	Stopped func()               // it stopped listening
+	// Started: it listens, from its start or again after its connection
+	// broke (Redis restarted, failed over, or the network dropped): what
+	// was published before was missed.
+	Started func()
+	Stopped func() // it stopped listening
 }
 
 // confirmTimeout bounds the wait for the server to confirm a subscription.
@@ -125,6 +129,7 @@ func (ls *Listener) start() {
 func (ls *Listener) run(s subscriber, up chan struct{}) {
 	subs := ls.subscribe(s) // connects: not on a caller's path
 	msgs := make(chan *redis.Message)
+	again := make(chan struct{}, 1) // a subscription confirmed after the first
 	stop := make(chan struct{})
 	defer close(stop)
 	for _, sub := range subs {
@@ -133,23 +138,28 @@ func (ls *Listener) run(s subscriber, up chan struct{}) {
 		_, _ = sub.Receive(ctx) // the confirmation; without it, the timers serve
 		cancel()
 		go func() {
-			for msg := range sub.Channel() {
-				select {
-				case msgs <- msg:
-				case <-stop:
-					return
+			// A confirmation that comes later is go-redis's resubscription
+			// after a reconnect: what was published meanwhile is lost.
+			for v := range sub.ChannelWithSubscriptions() {
+				switch v := v.(type) {
+				case *redis.Message:
+					select {
+					case msgs <- v:
+					case <-stop:
+						return
+					}
+				case *redis.Subscription:
+					if v.Kind == "subscribe" {
+						select {
+						case again <- struct{}{}:
+						default: // one is pending already
+						}
+					}
 				}
 			}
 		}()
 	}
-	ls.mu.Lock()
-	ls.upAt = time.Now()
-	ls.mu.Unlock()
-	// Started before Ready: whoever waited for the listener finds what it
-	// was told to do once listening began.
-	if ls.h.Started != nil {
-		ls.h.Started()
-	}
+	ls.started()
 	close(up)
 	idle := time.NewTicker(ls.idle / 4)
 	defer idle.Stop()
@@ -159,6 +169,8 @@ func (ls *Listener) run(s subscriber, up chan struct{}) {
 			if ls.h.Message != nil {
 				ls.h.Message(msg.Payload)
 			}
+		case <-again:
+			ls.started()
 		case <-idle.C:
 			if time.Since(time.Unix(0, ls.lastUse.Load())) < ls.idle {
 				continue
@@ -175,6 +187,19 @@ func (ls *Listener) run(s subscriber, up chan struct{}) {
 			}
 			return
 		}
+	}
+}
+
+// started records that the listener listens from now on, and tells the
+// Started handler: at its start, before Ready, so that whoever waited
+// for the listener finds what it was told to do once listening began;
+// and again each time it listens again after its connection broke.
+func (ls *Listener) started() {
+	ls.mu.Lock()
+	ls.upAt = time.Now()
+	ls.mu.Unlock()
+	if ls.h.Started != nil {
+		ls.h.Started()
 	}
 }
 

@@ -186,6 +186,43 @@ func TestListener(t *testing.T) {
 	}
 }
 
+// TestListenerListensAgain: when its connection breaks and go-redis
+// subscribes again, what was published meanwhile is lost: the listener
+// tells its Started handler again, and hears what is published after.
+func TestListenerListensAgain(t *testing.T) {
+	m, rdb := newMini(t)
+	ls := NewListener(rdb, "ch", time.Minute)
+	got := make(chan string, 10)
+	var started atomic.Int32
+	ls.Handle(Handlers{
+		Message: func(p string) { got <- p },
+		Started: func() { started.Add(1) },
+	})
+	defer ls.Hold()()
+	<-ls.Ready()
+	first := ls.Since()
+	m.Close()
+	if err := m.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(2 * time.Second)
+	for started.Load() < 2 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := started.Load(); n != 2 || !ls.Since().After(first) {
+		t.Fatalf("%d starts and Since %v (first %v) 2s after the server restarted, want 2 and later", n, ls.Since(), first)
+	}
+	m.Publish("ch", "again")
+	select {
+	case p := <-got:
+		if p != "again" {
+			t.Errorf("heard %q", p)
+		}
+	case <-time.After(2 * time.Second):
+		t.Fatal("nothing heard in 2s after listening again")
+	}
+}
+
 func TestNum(t *testing.T) {
 	for x, want := range map[float64]string{0: "0", 1: "1", 0.5: "0.5", 1e-7: "1e-07", 1e21: "1e+21", 123456789: "123456789"} {
 		if got := Num(x); got != want {

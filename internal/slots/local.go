@@ -2,13 +2,8 @@ package slots
 
 import (
 	"context"
-	"errors"
 	"slices"
 )
-
-// ErrAgain tells a caller waiting for a slot of the policy's share that
-// Redis answers again: it is to ask Redis.
-var ErrAgain = errors.New("ask Redis again")
 
 // AcquireLocal waits until ctx ends for a slot of the bucket called name
 // under key, of n slots, from the share this process may hold while Redis

@@ -6,15 +6,98 @@ import (
 	"time"
 )
 
-// releaseTimeout bounds the Redis call that hands a slot back; the caller
-// does not wait for it. A release that fails leaves the slot to its lease,
-// which is no longer renewed.
-const releaseTimeout = time.Second
+// InUse marks the slot id of set in use: its work has begun.
+func (s *Slots) InUse(set *Set, id string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if h := set.held[id]; h != nil {
+		h.inUse = true
+	}
+}
 
-// ReleaseDelay is how long a release waits for the process's next call for
-// its bucket, on which it rides, before it is sent alone: the longest a
-// hand-off to a waiter is delayed so that a release costs no call.
-var ReleaseDelay = time.Millisecond
+// elapsed returns how long ago t was, by the monotonic clock or the wall
+// clock, whichever says longer: a suspended machine may stop the first.
+func elapsed(t time.Time) time.Duration {
+	now := time.Now()
+	return max(now.Sub(t), now.Round(0).Sub(t.Round(0)))
+}
+
+// Confirm makes sure, before its first use, that the slot id of set is
+// still held: a holder that stalled longer than its lease (a stopped
+// process, a suspended machine) may find its slot granted to another. A
+// lease with less than a quarter left is renewed; a slot that Redis no
+// longer holds is dropped, and Confirm reports false: the caller is to
+// queue again. On success the slot is in use. An error from Redis drops
+// the slot too.
+func (s *Slots) Confirm(ctx context.Context, set *Set, id string) (bool, error) {
+	s.mu.Lock()
+	h := set.held[id]
+	switch {
+	case h == nil:
+		s.mu.Unlock()
+		return false, nil
+	case h.since.IsZero() || !h.lost && !h.verify && elapsed(h.since) < s.lease*3/4:
+		h.inUse = true
+		s.mu.Unlock()
+		return true, nil
+	}
+	lost, n := h.lost, set.n
+	s.mu.Unlock()
+	if !lost {
+		start := time.Now()
+		v, err := s.run(ctx, set, n, "renew", nil, "0", "1", id).Slice()
+		if err != nil {
+			s.Release(set, id)
+			return false, err
+		}
+		if len(v) == 2 && v[1] == int64(slotHolds) {
+			s.mu.Lock()
+			if h := set.held[id]; h != nil {
+				h.since, h.inUse, h.verify = start, true, false
+			}
+			s.mu.Unlock()
+			s.checked(set, true)
+			return true, nil
+		}
+	}
+	s.checked(set, false)
+	s.mu.Lock()
+	delete(set.held, id)
+	s.grantLocal(set)
+	s.mu.Unlock()
+	s.done(set)
+	return false, nil
+}
+
+// checked tells of a lease checked before its slot's first use.
+func (s *Slots) checked(set *Set, kept bool) {
+	if s.told.Checked != nil {
+		s.told.Checked(set.name, kept)
+	}
+}
+
+// forget drops the waiter id, which holds nothing.
+func (s *Slots) forget(set *Set, id string) {
+	s.mu.Lock()
+	delete(set.waiting, id)
+	s.mu.Unlock()
+}
+
+// cancel takes a waiter that gave up out of the queue, and releases the
+// slot that may have been handed to it meanwhile.
+func (s *Slots) cancel(set *Set, id string) {
+	s.mu.Lock()
+	_, granted := set.held[id]
+	delete(set.waiting, id)
+	delete(set.held, id)
+	s.grantLocal(set)
+	s.mu.Unlock()
+	if granted {
+		s.release(set, id)
+		return
+	}
+	s.background(set, "cancel", id)
+}
 
 // Release hands the slot id of set back: on the next call for the bucket
 // when Redis may hold it, at once otherwise.
@@ -88,22 +171,6 @@ func (s *Slots) Flush(ctx context.Context) error {
 	return s.sends.Wait(ctx)
 }
 
-// cancel takes a waiter that gave up out of the queue, and releases the
-// slot that may have been handed to it meanwhile.
-func (s *Slots) cancel(set *Set, id string) {
-	s.mu.Lock()
-	_, granted := set.held[id]
-	delete(set.waiting, id)
-	delete(set.held, id)
-	s.grantLocal(set)
-	s.mu.Unlock()
-	if granted {
-		s.release(set, id)
-		return
-	}
-	s.background(set, "cancel", id)
-}
-
 // background runs op for ids without making the caller wait, then lets
 // the set go if nothing else uses it.
 func (s *Slots) background(set *Set, op string, ids ...string) {
@@ -118,4 +185,14 @@ func (s *Slots) background(set *Set, op string, ids ...string) {
 		_ = s.run(ctx, set, n, op, nil, ids...).Err() // on failure, the lease ends it
 		s.done(set)
 	}()
+}
+
+// done lets the set go once nothing is held or awaited of it.
+func (s *Slots) done(set *Set) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(set.held) == 0 && len(set.waiting) == 0 && len(set.local) == 0 && len(set.released) == 0 && !set.flushing &&
+		set.users == 0 && s.m[set.key] == set {
+		delete(s.m, set.key)
+	}
 }

@@ -15,6 +15,7 @@ import (
 	"crypto/rand"
 	"embed"
 	"encoding/hex"
+	"errors"
 	"log/slog"
 	"slices"
 	"strconv"
@@ -49,6 +50,16 @@ var slotsSource = func() string {
 	return b.String()
 }()
 
+// releaseTimeout bounds the Redis call that hands a slot back; the caller
+// does not wait for it. A release that fails leaves the slot to its lease,
+// which is no longer renewed.
+const releaseTimeout = time.Second
+
+// ReleaseDelay is how long a release waits for the process's next call for
+// its bucket, on which it rides, before it is sent alone: the longest a
+// hand-off to a waiter is delayed so that a release costs no call.
+var ReleaseDelay = time.Millisecond
+
 // The suffixes, after a bucket's key, of the keys of its concurrency slots:
 // the slots held, the waiters' leases and the queue.
 const (
@@ -56,6 +67,15 @@ const (
 	WaitingSuffix = ":slots:waiting"
 	QueueSuffix   = ":slots:queue"
 	TakesSuffix   = ":slots:takes"
+)
+
+// The timing of the calls that run in the background: each is bounded by
+// callTimeout, and cancellations that find Redis unavailable try again
+// with a backoff from minBackoff to maxBackoff.
+const (
+	callTimeout = 2 * time.Second
+	minBackoff  = 50 * time.Millisecond
+	maxBackoff  = 500 * time.Millisecond
 )
 
 // Slots are a Limiter's concurrency slots: the ones it holds and the ones
@@ -71,6 +91,7 @@ type Slots struct {
 	clock    func() time.Time
 	lease    time.Duration // of each slot and each waiter
 	leaseArg any           // the lease in microseconds, as the script reads it
+	rejoin   time.Duration // from a missed announcement to the waiters' renewal
 	id       string        // this Limiter's, the prefix of its ids
 	seq      atomic.Uint64
 	logger   *slog.Logger
@@ -94,6 +115,10 @@ type Options struct {
 	// Bucket is the bucket script's source (internal/store), which the
 	// slot operations run to take a caller's tokens with its slot.
 	Bucket string
+	// Rejoin is how long after the Limiter listens again its waiters
+	// renew (see Missed): long enough for every Limiter to have found
+	// Redis again and held in it the slots its policy granted.
+	Rejoin time.Duration
 }
 
 // A Take is a caller's tokens, asked for with its slot: the bucket
@@ -166,6 +191,23 @@ type holder struct {
 	verify bool
 }
 
+// A waiter is a caller waiting for a slot.
+type waiter struct {
+	id      string
+	granted chan handoff
+	since   time.Time // when its lease in Redis was last set
+	// requeued: Redis lost it and a renewal queued it again, so that an
+	// announcement of a hand-off to it may be one it slept through.
+	requeued bool
+}
+
+// A handoff is what a waiter is told: granted (ok) with the grant of its
+// take, or abandoned, or to ask again (not ok).
+type handoff struct {
+	ok    bool
+	taken Taken
+}
+
 // New returns the Slots kept in rdb, whose hand-offs events hears.
 func New(rdb redis.Scripter, events *redisx.Listener, o Options) *Slots {
 	var id [6]byte
@@ -178,6 +220,7 @@ func New(rdb redis.Scripter, events *redisx.Listener, o Options) *Slots {
 		clock:    o.Clock,
 		lease:    o.Lease,
 		leaseArg: o.Lease.Microseconds(),
+		rejoin:   o.Rejoin,
 		id:       hex.EncodeToString(id[:]),
 		logger:   o.Logger,
 		told:     o.Told,
@@ -231,6 +274,13 @@ func (s *Slots) run(ctx context.Context, set *Set, n int, op string, take *Take,
 	return cmd
 }
 
+// ErrNone is a try's answer when every slot is held.
+var ErrNone = errors.New("no slot free")
+
+// ErrAgain tells a caller waiting for a slot of the policy's share that
+// Redis answers again: it is to ask Redis.
+var ErrAgain = errors.New("ask Redis again")
+
 // use returns the set of the bucket called name under key, made if new,
 // and keeps it while its caller works with it.
 func (s *Slots) use(name, key string, n int) *Set {
@@ -268,16 +318,68 @@ func (s *Slots) newID() string {
 	return s.id + "." + strconv.FormatUint(s.seq.Add(1), 36)
 }
 
-// done lets the set go once nothing is held or awaited of it.
-func (s *Slots) done(set *Set) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if len(set.held) == 0 && len(set.waiting) == 0 && len(set.local) == 0 && len(set.released) == 0 && !set.flushing &&
-		set.users == 0 && s.m[set.key] == set {
-		delete(s.m, set.key)
+// Acquire asks for one of the n slots of the bucket called name under key
+// and waits for it in the bucket's queue until ctx ends; with try, it
+// takes one only if one is free now, and fails with ErrNone otherwise.
+// With take, the same call takes the caller's tokens when the slot is
+// free, and a waiter's are taken by the release that hands it its slot:
+// the grant is the take's, or nil when the slot came without its tokens.
+// It returns the slot's set and id, for Release. A waiter that a renewal
+// found Redis unavailable for fails with an *AbandonedError.
+func (s *Slots) Acquire(ctx context.Context, name, key string, n int, try bool, take *Take) (*Set, string, Taken, error) {
+	set := s.use(name, key, n)
+	defer s.leave(set)
+	if !try {
+		// Listen for the hand-off before asking: it may come first.
+		// Should it be lost, a renewal finds the slot within a quarter
+		// lease.
+		defer s.events.Hold()()
+		select {
+		case <-s.events.Ready():
+		case <-ctx.Done():
+			return nil, "", nil, ctx.Err()
+		}
 	}
-}
+	start := time.Now()
+	w := &waiter{id: s.newID(), granted: make(chan handoff, 1), since: start}
+	s.mu.Lock()
+	set.waiting[w.id] = w // before the call: its announcement may come first
+	s.mu.Unlock()
 
-func (s *Slots) cluster() bool {
-	return redisx.IsCluster(s.rdb)
+	op := "acquire"
+	if try {
+		op = "try"
+	}
+	granted, hint, taken, err := acquireReply(s.run(ctx, set, n, op, take, w.id))
+	if err != nil {
+		s.forget(set, w.id)
+		return nil, "", nil, err
+	}
+	if granted {
+		s.mu.Lock()
+		delete(set.waiting, w.id)
+		set.held[w.id] = &holder{since: start}
+		s.mu.Unlock()
+		s.renew(set, s.lease/4)
+		return set, w.id, taken, nil
+	}
+	if try {
+		s.forget(set, w.id)
+		return nil, "", nil, ErrNone
+	}
+	s.renew(set, hint)
+	select {
+	case h := <-w.granted:
+		if !h.ok {
+			s.forget(set, w.id)
+			s.mu.Lock()
+			cause := set.cause
+			s.mu.Unlock()
+			return nil, "", nil, &AbandonedError{cause} // the policy serves
+		}
+		return set, w.id, h.taken, nil
+	case <-ctx.Done():
+		s.cancel(set, w.id)
+		return nil, "", nil, ctx.Err()
+	}
 }

@@ -2,23 +2,69 @@ package slots
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/sharedquota/quota/internal/redisx"
 )
 
-// The timing of the calls that run in the background: each is bounded by
-// callTimeout, and cancellations that find Redis unavailable try again
-// with a backoff from minBackoff to maxBackoff.
-const (
-	callTimeout = 2 * time.Second
-	minBackoff  = 50 * time.Millisecond
-	maxBackoff  = 500 * time.Millisecond
-)
+// Handed gives the slots of the bucket under key, announced handed to
+// ids, to the waiters here among them. Each id may be followed by "=" and
+// the grant of its take.
+func (s *Slots) Handed(key string, ids []string) {
+	s.mu.Lock()
+	set := s.m[key]
+	s.mu.Unlock()
+	if set == nil {
+		return
+	}
+	prefix := s.id + "."
+	var mine []string
+	var taken []Taken
+	for _, id := range ids {
+		if !strings.HasPrefix(id, prefix) {
+			continue
+		}
+		id, grant, _ := strings.Cut(id, "=")
+		t, err := parseTaken(grant)
+		if err != nil {
+			t = nil // its holder takes its tokens itself
+		}
+		mine = append(mine, id)
+		taken = append(taken, t)
+	}
+	if len(mine) > 0 {
+		s.granted(set, mine, taken, time.Time{})
+	}
+}
+
+// granted hands the slots ids of set to their waiters here, each with the
+// grant of its take and its lease as set at since, or as the waiter's was
+// when since is zero.
+func (s *Slots) granted(set *Set, ids []string, taken []Taken, since time.Time) {
+	s.mu.Lock()
+	count := 0
+	for i, id := range ids {
+		if w, ok := set.waiting[id]; ok {
+			delete(set.waiting, id)
+			h := &holder{since: since}
+			if since.IsZero() {
+				h.since = w.since // a hand-off keeps the waiter's lease
+				h.verify = w.requeued
+			}
+			set.held[id] = h
+			w.granted <- handoff{ok: true, taken: taken[i]}
+			count++
+		}
+	}
+	s.mu.Unlock()
+	if count > 0 && s.told.Handed != nil {
+		s.told.Handed(set.name, count)
+	}
+}
 
 // renew makes sure the set's leases are renewed while it holds or awaits
 // anything, the first time within next.
@@ -69,6 +115,33 @@ func (s *Slots) renewLoop(set *Set, next time.Duration) {
 		default:
 			next = hint
 		}
+	}
+}
+
+// Missed is told that hand-offs may have been announced that the
+// Limiter did not hear: it listens again after its connection broke, and
+// Redis may have restarted and forgotten its queues. The waiters, which
+// make no call while they wait, renew Rejoin later rather than at their
+// next renewal, a quarter lease away: the renewal finds the slots handed
+// to them meanwhile, and queues again those Redis lost, so that a restart
+// does not leave them waiting while callers that came after are served.
+func (s *Slots) Missed() {
+	s.mu.Lock()
+	var sets []*Set
+	for _, set := range s.m {
+		if len(set.waiting) > 0 {
+			sets = append(sets, set)
+		}
+	}
+	s.mu.Unlock()
+	for _, set := range sets {
+		time.AfterFunc(s.rejoin, func() {
+			ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
+			defer cancel()
+			if _, _, err := s.renewOnce(ctx, set); redisx.Outage(context.Background(), err, s.cluster()) != nil {
+				s.abandon(set, err)
+			}
+		})
 	}
 }
 
@@ -191,100 +264,6 @@ func (s *Slots) renewOnce(ctx context.Context, set *Set) (hint time.Duration, em
 	return time.Duration(v[0])*time.Microsecond + time.Millisecond, false, nil
 }
 
-// renewReply decodes the reply to a renewal of ids, the first holders of
-// them holders: the hint and the states, and the grants of the waiters
-// that hold a slot, in order.
-func renewReply(reply []any, ids, holders int) (v []int64, grants []Taken, err error) {
-	if len(reply) < 1+ids {
-		return nil, nil, fmt.Errorf("%w: %d states for %d ids", redisx.ErrReply, len(reply)-1, ids)
-	}
-	v = make([]int64, 1+ids)
-	handed := 0
-	for i := range v {
-		x, ok := reply[i].(int64)
-		if !ok {
-			return nil, nil, fmt.Errorf("%w: %v", redisx.ErrReply, reply)
-		}
-		v[i] = x
-		if i > holders && x == slotHolds {
-			handed++
-		}
-	}
-	if len(reply) != 1+ids+handed {
-		return nil, nil, fmt.Errorf("%w: %d grants for %d hand-offs", redisx.ErrReply, len(reply)-1-ids, handed)
-	}
-	for _, r := range reply[1+ids:] {
-		g, _ := r.(string)
-		t, err := parseTaken(g)
-		if err != nil {
-			t = nil
-		}
-		grants = append(grants, t)
-	}
-	return v, grants, nil
-}
-
-// elapsed returns how long ago t was, by the monotonic clock or the wall
-// clock, whichever says longer: a suspended machine may stop the first.
-func elapsed(t time.Time) time.Duration {
-	now := time.Now()
-	return max(now.Sub(t), now.Round(0).Sub(t.Round(0)))
-}
-
-// Confirm makes sure, before its first use, that the slot id of set is
-// still held: a holder that stalled longer than its lease (a stopped
-// process, a suspended machine) may find its slot granted to another. A
-// lease with less than a quarter left is renewed; a slot that Redis no
-// longer holds is dropped, and Confirm reports false: the caller is to
-// queue again. On success the slot is in use. An error from Redis drops
-// the slot too.
-func (s *Slots) Confirm(ctx context.Context, set *Set, id string) (bool, error) {
-	s.mu.Lock()
-	h := set.held[id]
-	switch {
-	case h == nil:
-		s.mu.Unlock()
-		return false, nil
-	case h.since.IsZero() || !h.lost && !h.verify && elapsed(h.since) < s.lease*3/4:
-		h.inUse = true
-		s.mu.Unlock()
-		return true, nil
-	}
-	lost, n := h.lost, set.n
-	s.mu.Unlock()
-	if !lost {
-		start := time.Now()
-		v, err := s.run(ctx, set, n, "renew", nil, "0", "1", id).Slice()
-		if err != nil {
-			s.Release(set, id)
-			return false, err
-		}
-		if len(v) == 2 && v[1] == int64(slotHolds) {
-			s.mu.Lock()
-			if h := set.held[id]; h != nil {
-				h.since, h.inUse, h.verify = start, true, false
-			}
-			s.mu.Unlock()
-			s.checked(set, true)
-			return true, nil
-		}
-	}
-	s.checked(set, false)
-	s.mu.Lock()
-	delete(set.held, id)
-	s.grantLocal(set)
-	s.mu.Unlock()
-	s.done(set)
-	return false, nil
-}
-
-// checked tells of a lease checked before its slot's first use.
-func (s *Slots) checked(set *Set, kept bool) {
-	if s.told.Checked != nil {
-		s.told.Checked(set.name, kept)
-	}
-}
-
 // An AbandonedError is the answer to a waiter that a renewal abandoned
 // because Redis is unavailable (Cause): the breaker is to trip, and the
 // policy to serve.
@@ -333,4 +312,8 @@ func (s *Slots) cancelAll(set *Set, n int, ids []string) {
 		time.Sleep(backoff)
 		backoff = min(2*backoff, maxBackoff)
 	}
+}
+
+func (s *Slots) cluster() bool {
+	return redisx.IsCluster(s.rdb)
 }
