@@ -34,7 +34,7 @@ func TestFloodOfHostsExpires(t *testing.T) {
 	}
 	before := usedMemory(t, admin)
 
-	const hosts = 20_000
+	const hosts = 5_000
 	lim := Limit{Rate: 0.25, Burst: 1} // full again, and gone, 4s after a take
 	names := make(chan string, 1024)
 	var wg sync.WaitGroup
