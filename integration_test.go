@@ -672,6 +672,9 @@ type workerSpec struct {
 	NoLeaseCheck bool
 	// Stagger starts worker i's run i×Stagger after the first's.
 	Stagger time.Duration
+	// Delay starts the first worker's run Delay after every worker is
+	// ready, not at once.
+	Delay time.Duration
 	// Deadline gives every acquisition a deadline at the end of its
 	// worker's run, as a job with a time budget does: the last ones end
 	// cancelled, and a failure that the deadline caused is no error.
@@ -826,8 +829,8 @@ func (spec workerSpec) transportOptions() []TransportOption {
 
 // acquirer returns how each of the worker's goroutines acquires one grant
 // through rdb (WaitN on the spec's layers by default), and the Limiter it
-// uses, if any.
-func (spec workerSpec) acquirer(rdb redis.UniversalClient) (acquireFunc, *Limiter) {
+// uses, if any. An LLM worker's Transport sends on base.
+func (spec workerSpec) acquirer(rdb redis.UniversalClient, base http.RoundTripper) (acquireFunc, *Limiter) {
 	cost := spec.Cost
 	if cost == 0 {
 		cost = 1
@@ -837,7 +840,7 @@ func (spec workerSpec) acquirer(rdb redis.UniversalClient) (acquireFunc, *Limite
 		key, _ := bucketKey(DefaultPrefix, spec.Key)
 		return func(ctx context.Context) error { return naiveWait(ctx, rdb.(*redis.Client), key, spec.Limit) }, nil
 	case spec.LLM != "":
-		tr := NewTransport(rdb, spec.Limit, spec.transportOptions()...)
+		tr := NewTransport(rdb, spec.Limit, append(spec.transportOptions(), WithBase(base))...)
 		client := &http.Client{Transport: tr}
 		var seq atomic.Int64
 		return func(ctx context.Context) error {
@@ -908,15 +911,24 @@ func runWorker() int {
 	// them.
 	rdb := spec.client()
 	rdb.AddHook(dueHook{})
-	acquire, limiter := spec.acquirer(rdb)
+	base := providerBase(spec.Goroutines)
+	acquire, limiter := spec.acquirer(rdb, base)
 	if limiter != nil {
 		limiter.noJoin = spec.NoJoin
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), workerReadyTimeout)
 	err := warmUp(ctx, rdb, spec.Key, spec.Goroutines)
+	if err != nil {
+		cancel()
+		fmt.Fprintln(os.Stderr, "worker: Redis does not answer:", err)
+		return 2
+	}
+	if spec.LLM != "" {
+		err = warmProvider(ctx, base, spec.URL, spec.Goroutines)
+	}
 	cancel()
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "worker: Redis does not answer:", err)
+		fmt.Fprintln(os.Stderr, "worker: the provider does not answer:", err)
 		return 2
 	}
 	cmds := newCmdCounter() // counts from here: the run's commands only
@@ -1011,6 +1023,46 @@ func warmUp(ctx context.Context, rdb redis.UniversalClient, name string, n int) 
 	return err
 }
 
+// providerBase returns the RoundTripper an LLM worker's Transport sends
+// on: http.DefaultTransport's, keeping an idle connection to the provider
+// for each of the worker's n goroutines, where the default keeps 2 and
+// dials again for the others' requests.
+func providerBase(n int) *http.Transport {
+	base := http.DefaultTransport.(*http.Transport).Clone()
+	base.MaxIdleConnsPerHost = n
+	return base
+}
+
+// warmProvider opens connections from base to the provider at url for n
+// goroutines, with n requests side by side that the provider does not
+// meter (a GET, which llmfake refuses with 405), as warmUp does for
+// Redis: the swarm's first requests then reach the provider without a
+// dial first, and no later than those granted after them (see
+// TestLLMFleet).
+func warmProvider(ctx context.Context, base http.RoundTripper, url string, n int) error {
+	errs := make(chan error, n)
+	for range n {
+		go func() {
+			req, err := http.NewRequestWithContext(ctx, "GET", url, nil)
+			if err == nil {
+				var resp *http.Response
+				if resp, err = base.RoundTrip(req); err == nil {
+					_, err = io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+				}
+			}
+			errs <- err
+		}()
+	}
+	var err error
+	for range n {
+		if e := <-errs; e != nil {
+			err = e
+		}
+	}
+	return err
+}
+
 // runWorkers runs procs worker processes of spec and returns their reports.
 // It starts them all, waits until every one is ready, then starts their
 // runs at the same instant.
@@ -1080,7 +1132,7 @@ func startWorkers(t *testing.T, procs int, spec workerSpec) *runningWorkers {
 			t.Fatalf("worker %d is not ready after %v", i, workerReadyTimeout)
 		}
 	}
-	at := time.Now().Add(workerStartMargin)
+	at := time.Now().Add(workerStartMargin + spec.Delay)
 	for i, p := range ps {
 		start, _ := json.Marshal(workerStart{Start: at.Add(time.Duration(i) * spec.Stagger)})
 		if _, err := fmt.Fprintf(p.in, "%s\n", start); err != nil {

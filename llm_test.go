@@ -152,6 +152,7 @@ type llmRun struct {
 	quantile float64 // above zero: reserve this of the output in place of max_tokens
 	ownLimit bool    // per-process limiters: each worker a prefix of its own
 	run      time.Duration
+	delay    time.Duration // from when its workers are ready to its start
 
 	binding  float64 // of the binding limit's rate, in the steady window
 	refused  int     // 429s
@@ -199,7 +200,7 @@ func llmFleet(t *testing.T, srv *redistest.Server, r *llmRun) {
 		path = "/v1/chat/completions"
 	}
 	spec := workerSpec{Addr: srv.Addr(), Key: provider.Listener.Addr().String(), Limit: Limit{Rate: 95, Burst: 95},
-		Goroutines: 8, Duration: r.run, URL: provider.URL + path, LLM: r.api, LLMLimits: fleet,
+		Goroutines: 8, Duration: r.run, Delay: r.delay, URL: provider.URL + path, LLM: r.api, LLMLimits: fleet,
 		Stream: r.stream, MaxTokens: 1000, NoSettle: r.noSettle, OwnPrefix: r.ownLimit, ReserveOutput: r.quantile}
 	w := startWorkers(t, 4, spec)
 	reps := w.wait(t)
@@ -268,12 +269,20 @@ func TestLLMFleet(t *testing.T) {
 	// late counts there in a later window than in the fleet's bucket.
 	// The fleets run 10 s, so that their steady window of 7 s holds the
 	// noise of the answers' spread of usage to about 0.02 of the limit.
+	// They start 1 s apart, so that no two cold starts meet: a fleet hands
+	// off its burst at once, and when those first requests reach the
+	// provider later than the ones granted after them, the provider's
+	// bucket, full meanwhile, loses to its cap the refill the fleet's
+	// bucket counts on. The fleets' 5% (400 output tokens of Anthropic's)
+	// covers 53 ms of that; with the four fleets' 16 workers starting
+	// together on 2 cores, the first requests took 50 to 300 ms from the
+	// Transport to the provider, and later ones 2 ms.
 	srv := redistest.Start(t)
 	fleets := []*llmRun{
 		{api: "anthropic"}, {api: "anthropic", stream: true},
 		{api: "openai"}, {api: "openai", stream: true},
 	}
-	runLLM(t, srv, fleets, 10*time.Second)
+	runLLM(t, srv, fleets, 10*time.Second, time.Second)
 	for _, r := range fleets {
 		if r.refused > 0 {
 			t.Errorf("%s: %d requests refused with 429", r.name(), r.refused)
@@ -304,7 +313,7 @@ func TestLLMFleetControls(t *testing.T) {
 		{api: "anthropic", ownLimit: true}, {api: "anthropic", noSettle: true},
 		{api: "anthropic", quantile: 550}, // the usage's 90th percentile
 	}
-	runLLM(t, srv, controls, 5*time.Second)
+	runLLM(t, srv, controls, 5*time.Second, 0)
 	for _, r := range controls {
 		switch {
 		case r.ownLimit && r.refused == 0:
@@ -317,11 +326,12 @@ func TestLLMFleetControls(t *testing.T) {
 	}
 }
 
-// runLLM runs the fleets rs at once, each for d.
-func runLLM(t *testing.T, srv *redistest.Server, rs []*llmRun, d time.Duration) {
+// runLLM runs the fleets rs side by side, each for d, the i-th starting
+// i×stagger after the first.
+func runLLM(t *testing.T, srv *redistest.Server, rs []*llmRun, d, stagger time.Duration) {
 	var wg sync.WaitGroup
-	for _, r := range rs {
-		r.run = d
+	for i, r := range rs {
+		r.run, r.delay = d, time.Duration(i)*stagger
 		wg.Go(func() { llmFleet(t, srv, r) })
 	}
 	wg.Wait()
