@@ -284,7 +284,7 @@ type horizonOf struct {
 // order, tell of the end of the bucket's queue.
 func horizon(at time.Time, gs ...Grant) horizonOf {
 	for i := len(gs) - 1; i >= 0; i-- {
-		if g := gs[i]; g.Granted {
+		if g := gs[i]; g.Outcome == Granted {
 			if g.Wait <= 0 {
 				return horizonOf{known: true}
 			}
@@ -418,20 +418,24 @@ func (s *Store) takeAll(ctx context.Context, b Bucket, takes []*queuedTake) erro
 			pushed = t[2:]
 		}
 	}
+	for i := 0; err == nil && v != nil && i < len(takes); i++ {
+		if r := v[i*stride:]; !validOutcome(r[0], r[1]) {
+			err = fmt.Errorf("%w: %v", redisx.ErrReply, cmd.Val())
+		}
+	}
 	for i, q := range takes {
 		q.err = err
-		q.g = Grant{Granted: err == nil, Trips: trips, Size: len(takes)}
+		q.g = Grant{Trips: trips, Size: len(takes)}
+		if err == nil {
+			q.g.Outcome = Granted
+		}
 		if err != nil || v == nil {
 			continue
 		}
 		r := v[i*stride : (i+1)*stride : (i+1)*stride]
-		q.g.Granted, q.g.Wait, q.g.Ev, q.g.Now, q.g.Pushed = r[0] == 1, time.Duration(r[1])*time.Microsecond, ev, now, pushed
+		q.g.Outcome, q.g.Wait, q.g.Ev, q.g.Now, q.g.Pushed = Outcome(r[0]), time.Duration(r[1])*time.Microsecond, ev, now, pushed
 		q.g.Pos = positions(r[2+k:])
-		q.g.Crowded, q.g.Held = r[0] == 2, r[0] == 3
-		if r[0] == 0 && r[1] == -2 {
-			q.g.Resuming, q.g.Wait = true, 0 // see Decode
-		}
-		if r[0] == 0 || r[1] != 0 {
+		if q.g.Outcome != Granted || r[1] != 0 {
 			q.g.Tats = r[2 : 2+k : 2+k]
 		}
 	}

@@ -106,25 +106,29 @@
 --             channel that announces a change.
 --
 -- Replies.
---   take:   {granted, wait, tat_1, ..., tat_k, pos_1, ..., pos_k},
---           integers. granted is 1 when the tokens were taken from every
---           layer, in which case wait (us, rounded to the nearest) is how
---           long until they have accrued in all of them, and pos_i the
---           grant's position in layer i (see timeline; 0 without a
---           wait); when the wait would exceed ARGV[3], granted is 0,
---           nothing is taken and wait says how long it would have been, or
---           is -1 while the bucket is paused until a resume, -2 while
---           the fleet has yet to leave its local shares after an outage
---           (resuming), whatever ARGV[3]. The tats (us,
---           rounded down) identify the take for a later refund. granted
---           is 2 for a take refused as it would push a class below its own
---           past that class's minimum share: nothing is taken, and wait is
---           how long until the share has room (see shares); granted
---           is 3 for a take for a tenant that is held: nothing is
---           taken, and wait is how long until it may be admitted, at
---           most fairNap (see tenants). A take
---           granted without a wait replies the integer 0 alone instead: the
---           cheapest reply there is, for the commonest case.
+--   take:   {outcome, wait, tat_1, ..., tat_k, pos_1, ..., pos_k},
+--           integers. outcome is one of:
+--           1 granted: the tokens were taken from every layer; wait (us,
+--             rounded to the nearest) is how long until they have
+--             accrued in all of them, and pos_i the grant's position in
+--             layer i (see timeline; 0 without a wait);
+--           2 too long: the wait would exceed ARGV[3]; nothing is taken,
+--             and wait is how long it would have been;
+--           3 paused: the bucket is paused until a resume, whatever
+--             ARGV[3]; nothing is taken, and wait is 0;
+--           4 resuming: the fleet has yet to leave its local shares
+--             after an outage, whatever ARGV[3]; nothing is taken, and
+--             wait is 0;
+--           5 crowded: the take would push a class below its own past
+--             that class's minimum share; nothing is taken, and wait is
+--             how long until the share has room (see shares);
+--           6 held: a take for a tenant that is not admitted; nothing is
+--             taken, and wait is how long until it may be, at most
+--             fairNap (see tenants).
+--           The tats (us, rounded down) identify the take for a later
+--           refund. A take granted without a wait replies the integer 0
+--           alone instead: the cheapest reply there is, for the
+--           commonest case.
 --           A batch serves its callers in order, each from the bucket as
 --           the one before it left it, and each granted or refused on its
 --           own. It replies the callers' replies one after another, m x

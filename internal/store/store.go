@@ -186,21 +186,45 @@ func (s *Store) Script() *redisx.Script { return s.script }
 // Cluster reports whether the client follows Cluster redirections.
 func (s *Store) Cluster() bool { return s.cluster }
 
+// An Outcome is what a take came to.
+type Outcome uint8
+
+// The outcomes of a take, as the script replies them (see script.lua).
+const (
+	_        Outcome = iota
+	Granted          // the tokens were taken; Wait is until they have accrued
+	TooLong          // the wait would exceed the caller's; nothing was taken, Wait is what it would have been
+	Paused           // the bucket is paused until a resume; nothing was taken
+	Resuming         // the fleet has yet to leave its local shares after an outage; nothing was taken
+	Crowded          // the take would push a lower class past its minimum share; nothing was taken, Wait is until it has room
+	Held             // another tenant's turn, or the bucket's queue is full (see script.lua's tenants); nothing was taken, Wait is until the take may be admitted
+	maxOutcome
+)
+
+var outcomeNames = [...]string{"", "granted", "too long", "paused", "resuming", "crowded", "held"}
+
+func (o Outcome) String() string {
+	if o > 0 && o < maxOutcome {
+		return outcomeNames[o]
+	}
+	return fmt.Sprintf("outcome %d", uint8(o))
+}
+
 // A Grant is the reply to a take.
 type Grant struct {
-	Granted  bool          // false: the wait exceeds the caller's, nothing was taken
-	Resuming bool          // not granted: the fleet has yet to leave its local shares after an outage
-	Wait     time.Duration // until the tokens have accrued, or would have
-	Tats     []int64       // µs, a layer each; identify the take for its refund (nil without a wait)
-	Pos      []float64     // the grant's position in each layer's timeline (see control.Anchor); nil without a wait
-	Ev       int64         // the count of the bucket's timeline's moves when the take ran
-	Now      int64         // when the take ran, µs on the server's clock (0 without a wait)
-	Pushed   []int64       // how far pushes had moved each class's queue in each layer, class 0's first, k each; nil on a bucket no class above 0 took from
-	Crowded  bool          // not granted: the take would push a lower class past its minimum share; Wait is until it has room
-	Held     bool          // not granted: another tenant's turn, or the bucket's queue is full (see script.lua's tenants); Wait is until the take may be admitted
-	Trips    int           // the Redis round trips of its call
-	Size     int           // the takes its call served, when takes share calls; 0 otherwise or when none was sent
+	Outcome Outcome
+	Wait    time.Duration // until the tokens have accrued, or would have, or until the take may be asked again (see Outcome)
+	Tats    []int64       // µs, a layer each; identify the take for its refund (nil without a wait)
+	Pos     []float64     // the grant's position in each layer's timeline (see control.Anchor); nil without a wait
+	Ev      int64         // the count of the bucket's timeline's moves when the take ran
+	Now     int64         // when the take ran, µs on the server's clock (0 without a wait)
+	Pushed  []int64       // how far pushes had moved each class's queue in each layer, class 0's first, k each; nil on a bucket no class above 0 took from
+	Trips   int           // the Redis round trips of its call
+	Size    int           // the takes its call served, when takes share calls; 0 otherwise or when none was sent
 }
+
+// Granted reports whether the take was granted.
+func (g Grant) Granted() bool { return g.Outcome == Granted }
 
 // TakenAt returns when, on the server's clock in microseconds, the take
 // that granted g after a wait ran: its grant falls due when the slowest
@@ -281,7 +305,7 @@ func (s *Store) takeOne(ctx context.Context, b Bucket, n Cost, maxWait time.Dura
 		return Grant{Trips: trips, Size: 1}, err
 	}
 	if x, ok := cmd.Val().(int64); ok && x == 0 {
-		return Grant{Granted: true, Trips: trips, Size: 1}, nil // granted without a wait
+		return Grant{Outcome: Granted, Trips: trips, Size: 1}, nil // granted without a wait
 	}
 	v, err := cmd.Int64Slice()
 	if err != nil {
@@ -310,15 +334,15 @@ func Source() string { return source }
 // when it was granted without a wait.
 func Decode(b Bucket, v []int64) (Grant, error) {
 	if len(v) == 1 && v[0] == 0 {
-		return Grant{Granted: true}, nil
+		return Grant{Outcome: Granted}, nil
 	}
 	k := len(b.Keys)
 	rest := len(v) - (2 + 2*k + 2)
-	if rest < 0 || rest%k != 0 || rest > MaxClass*k {
+	if rest < 0 || rest%k != 0 || rest > MaxClass*k || !validOutcome(v[0], v[1]) {
 		return Grant{}, fmt.Errorf("%w: %v", redisx.ErrReply, v)
 	}
 	g := Grant{
-		Granted: v[0] == 1,
+		Outcome: Outcome(v[0]),
 		Wait:    time.Duration(v[1]) * time.Microsecond,
 		Tats:    v[2 : 2+k : 2+k],
 		Pos:     positions(v[2+k : 2+2*k]),
@@ -328,11 +352,13 @@ func Decode(b Bucket, v []int64) (Grant, error) {
 	if rest > 0 {
 		g.Pushed = v[4+2*k:]
 	}
-	if v[0] == 0 && v[1] == -2 {
-		g.Resuming, g.Wait = true, 0
-	}
-	g.Crowded, g.Held = v[0] == 2, v[0] == 3
 	return g, nil
+}
+
+// validOutcome reports whether a caller's reply may begin with outcome
+// and wait.
+func validOutcome(outcome, wait int64) bool {
+	return outcome > 0 && outcome < int64(maxOutcome) && wait >= 0
 }
 
 // positions returns a reply's positions as numbers, nil when they are

@@ -6,6 +6,8 @@
 -- now: the absolute times are too large for the fractions of a
 -- microsecond to survive the arithmetic.
 if op == 'take' then
+  -- A take's outcome, the first integer of each caller's reply.
+  local GRANTED, TOO_LONG, PAUSED, RESUMING, CROWDED, HELD = 1, 2, 3, 4, 5, 6
   local tats = {}
   for i = 1, k do
     tats[i] = r[i + 2]
@@ -126,22 +128,23 @@ if op == 'take' then
       end
     end
     if not admitted then
-      reply[o + 1], reply[o + 2], waited = 3, retry, true
+      reply[o + 1], reply[o + 2], waited = HELD, retry, true
       for i = 1, k do
         reply[o + 2 + i] = math.floor(from[i])
       end
     elseif crowded > 0 and not (forever or resuming) then
-      reply[o + 1], reply[o + 2], waited = 2, math.ceil(crowded), true
+      reply[o + 1], reply[o + 2], waited = CROWDED, math.ceil(crowded), true
       for i = 1, k do
         reply[o + 2 + i] = math.floor(from[i])
       end
     elseif forever or resuming or wait > tonumber(ARGV[x + 1]) then
+      local outcome = TOO_LONG
       if resuming then
-        wait = -2
+        outcome, wait = RESUMING, 0
       elseif forever then
-        wait = -1
+        outcome, wait = PAUSED, 0
       end
-      reply[o + 1], reply[o + 2], waited = 0, wait, true
+      reply[o + 1], reply[o + 2], waited = outcome, wait, true
       for i = 1, k do
         reply[o + 2 + i] = math.floor(from[i])
       end
@@ -159,7 +162,7 @@ if op == 'take' then
       if tenant then
         charge(tenant, cost, class, wait)
       end
-      reply[o + 1], reply[o + 2], waited = 1, wait, waited or wait ~= 0
+      reply[o + 1], reply[o + 2], waited = GRANTED, wait, waited or wait ~= 0
       for i = 1, k do
         local n = need or each[i]
         local v = from[i]
@@ -206,7 +209,7 @@ if op == 'take' then
     -- that sleeps on it; 0 for one that does not.
     for i = 1, k do
       local p = 0
-      if reply[o + 1] == 1 and reply[o + 2] ~= 0 then
+      if reply[o + 1] == GRANTED and reply[o + 2] ~= 0 then
         p = math.floor(position(i, reply[o + 2 + i] - fulls[i]))
       end
       reply[o + 2 + k + i] = p

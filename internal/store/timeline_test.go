@@ -75,7 +75,7 @@ func TestTimelineAgreesWithTheScript(t *testing.T) {
 					n, _ := strconv.Atoi(f[1])
 					for range n {
 						g, err := s.takeOne(ctx, b, Tokens(1), time.Hour)
-						if err != nil || !g.Granted {
+						if err != nil || !g.Granted() {
 							t.Fatalf("%s: %+v, %v", step, g, err)
 						}
 						if g.Wait > 0 {
