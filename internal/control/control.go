@@ -9,7 +9,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"math"
 	"os"
@@ -22,51 +21,22 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sharedquota/quota/internal/redisx"
+	"github.com/sharedquota/quota/internal/store"
 )
 
 // A Limit is a bucket's rate, tokens a second, and burst.
-type Limit struct {
-	Rate  float64
-	Burst float64
-}
+type Limit = store.Limit
 
-// An Anchor is a layer's timeline, as the bucket script keeps it (see
-// "The timeline" in script.lua): the grant at position Pos of the layer's
-// queue falls due at At (µs, the server's clock), and one at a later
-// position p at At + (p - Pos) x Scale; none falls due before At. Every
-// pause, change of the Limit in force and give-back moves the anchor,
-// never a position, so that a grant taken at any earlier instant finds
-// when it falls due from the anchor read last. The zero Anchor is the
-// script's absent one: Scale 0 counts as 1.
-type Anchor struct {
-	At    int64
-	Pos   float64
-	Scale float64
-}
+// An Anchor is a layer's timeline, as the bucket's scripts keep it (see
+// store.Anchor).
+type Anchor = store.Anchor
 
-// Due returns when the grant at position pos falls due, µs on the
-// server's clock, rounded up.
-func (a Anchor) Due(pos float64) int64 {
-	scale := a.Scale
-	if scale == 0 {
-		scale = 1
-	}
-	return a.At + int64(math.Ceil(max(pos-a.Pos, 0)*scale))
-}
-
-// Position returns the position of a grant due at t, µs on the server's
-// clock, as the script computes it for a take (rounded down).
-func (a Anchor) Position(t int64) float64 {
-	scale := a.Scale
-	if scale == 0 {
-		scale = 1
-	}
-	return math.Floor(a.Pos + float64(max(t-a.At, 0))/scale)
-}
+// A Record is a control record as the record's script replies it.
+type Record = store.Record
 
 // What changes how a bucket is taken, an operator's override of its Limit
 // and its pause (a provider's Retry-After or an operator's), lives in Redis
-// in the bucket's control record, beside its layers (script.lua). Every
+// in the bucket's control record, beside its layers (internal/store). Every
 // take reads it in the script, so the script never grants past a pause or
 // at a Limit no longer in force, whatever the Limiter knows.
 //
@@ -86,8 +56,8 @@ const (
 	maxControls = 2048        // records kept
 	readFor     = time.Second // bounds a read in the background
 
-	Suffix  = ":ctl"    // after the bucket's key, the record's
-	Channel = "control" // after the prefix, the channel of announcements
+	Suffix  = store.ControlSuffix // after the bucket's key, the record's
+	Channel = "control"           // after the prefix, the channel of announcements
 )
 
 // State is what a Limiter read of a bucket's control record. It
@@ -198,7 +168,6 @@ type Entry struct {
 	used  atomic.Int64 // when it was last used, unix ns
 
 	passed Limit  // the first layer's Limit as the Limiter's callers pass it
-	seen   string // passed, "<rate> <burst>"
 	layers string // the further layers' suffixes
 
 	mu      sync.Mutex
@@ -238,11 +207,9 @@ func (e *Entry) Load() *State { return e.state.Load() }
 
 // Controls are a Limiter's control entries.
 type Controls struct {
-	script  *redisx.Script // the bucket script's
-	channel string         // of announcements
-	clock   func() time.Time
-	id      string // this Limiter's, among a bucket's users
-	events  *redisx.Listener
+	store  *store.Store // runs the records' operations
+	id     string       // this Limiter's, among a bucket's users
+	events *redisx.Listener
 
 	mu sync.RWMutex
 	m  map[string]*Entry
@@ -261,19 +228,16 @@ func (e *Entry) Key() string { return e.key }
 // Name returns the bucket's name.
 func (e *Entry) Name() string { return e.name }
 
-// New returns the Controls that run the record ops of the bucket script
-// s, announced on channel, on which events listens; now is the caller's
-// clock for the ops, nil for the server's.
-func New(s *redisx.Script, channel string, now func() time.Time, events *redisx.Listener) *Controls {
+// New returns the Controls that run the record ops on s, whose channel
+// events listens on.
+func New(s *store.Store, events *redisx.Listener) *Controls {
 	host, _ := os.Hostname()
 	var b [6]byte
 	_, _ = rand.Read(b[:])
 	return &Controls{
-		script:  s,
-		channel: channel,
-		clock:   now,
-		id:      fmt.Sprintf("%s/%d/%s", host, os.Getpid(), hex.EncodeToString(b[:])),
-		events:  events,
+		store:  s,
+		id:     fmt.Sprintf("%s/%d/%s", host, os.Getpid(), hex.EncodeToString(b[:])),
+		events: events,
 	}
 }
 
@@ -334,7 +298,7 @@ func (c *Controls) add(name string, keys []string, passed Limit) *Entry {
 	if len(c.m) >= maxControls {
 		c.evict()
 	}
-	e := &Entry{key: key, name: name, passed: passed, seen: redisx.Num(passed.Rate) + " " + redisx.Num(passed.Burst)}
+	e := &Entry{key: key, name: name, passed: passed}
 	e.state.Store(&State{replaced: make(chan struct{})})
 	var layers []string
 	for _, k := range keys[1:] {
@@ -478,13 +442,11 @@ func (c *Controls) read(ctx context.Context, e *Entry) error {
 	for suffix := range strings.FieldsSeq(e.layers) {
 		keys = append(keys, e.key+suffix)
 	}
-	keys = append(keys, e.key+Suffix)
-	cmd, _ := c.script.Run(ctx, keys, "read", e.seen, e.layers, redisx.Now(c.clock), c.id)
-	rec, err := Parse(cmd)
+	rec, err := c.store.Record(ctx, keys, store.RecordOp{Op: "read", ID: c.id, Limit: e.passed, Layers: e.layers})
 	if err != nil {
 		return err
 	}
-	close(e.state.Swap(rec.state(sent)).replaced)
+	close(e.state.Swap(stateOf(rec, sent)).replaced)
 	return nil
 }
 
@@ -538,7 +500,7 @@ func (c *Controls) GaveBack(key, payload string) {
 	}
 	count, rest, _ := strings.Cut(payload, " ")
 	ev, err := strconv.ParseInt(count, 10, 64)
-	anchors, err2 := parseAnchors(rest)
+	anchors, err2 := store.ParseAnchors(rest)
 	if err != nil || err2 != nil {
 		return
 	}
@@ -558,29 +520,6 @@ func (c *Controls) GaveBack(key, payload string) {
 			return
 		}
 	}
-}
-
-// parseAnchors reads the layers' anchors as the script replies them:
-// "<at> <pos> <scale>" each, joined with ",".
-func parseAnchors(s string) ([]Anchor, error) {
-	var anchors []Anchor
-	for part := range strings.SplitSeq(s, ",") {
-		f := strings.Fields(part)
-		if len(f) != 3 {
-			return nil, fmt.Errorf("an anchor %q", part)
-		}
-		at, err1 := strconv.ParseFloat(f[0], 64)
-		pos, err2 := strconv.ParseFloat(f[1], 64)
-		scale, err3 := strconv.ParseFloat(f[2], 64)
-		if err := errors.Join(err1, err2, err3); err != nil {
-			return nil, err
-		}
-		if !(scale > 0) || math.IsInf(scale, 0) || math.IsNaN(at) || math.IsInf(at, 0) || math.IsNaN(pos) || math.IsInf(pos, 0) {
-			return nil, fmt.Errorf("an anchor %q", part)
-		}
-		anchors = append(anchors, Anchor{At: int64(at), Pos: pos, Scale: scale})
-	}
-	return anchors, nil
 }
 
 // Pushed takes in an announcement of the pushes of the bucket whose first
@@ -645,99 +584,9 @@ func (c *Controls) Pushed(key, pushes string) {
 	}
 }
 
-// A Record is a control record as the script replies it.
-type Record struct {
-	Now          int64 // µs, the server's clock
-	Override     *Limit
-	Since, Until int64 // µs; Until is -1 for a pause with no end
-	Seen         *Limit
-	Users        int    // status only
-	Tat          int64  // status only; 0 when absent
-	Source       string // who set the pause's end
-	// Ev counts the moves of the bucket's timeline; Anchors are its
-	// layers' (see Anchor), the first layer's first.
-	Ev      int64
-	Anchors []Anchor
-	// Pushes is how far takes of higher priority classes have pushed each
-	// class's queue in each layer, in positions, class 0's layers first;
-	// PushAt, when
-	// the latest push was. Nil and 0 on a bucket no class above 0 took
-	// from.
-	Pushes []int64
-	PushAt int64
-}
-
-// Parse reads the reply of a record op. A Limit in it must have a finite
-// rate and burst above zero: Limiters write only Limits they validated.
-func Parse(cmd *redis.Cmd) (Record, error) {
-	vals, err := cmd.StringSlice()
-	if err != nil {
-		return Record{}, err
-	}
-	if len(vals) != 12 {
-		return Record{}, fmt.Errorf("%w: a control reply of %d fields", redisx.ErrReply, len(vals))
-	}
-	var r Record
-	var errs []error
-	integer := func(s string) int64 {
-		if s == "" {
-			return 0
-		}
-		v, err := strconv.ParseInt(s, 10, 64)
-		errs = append(errs, err)
-		return v
-	}
-	limit := func(rate, burst string) *Limit {
-		if rate == "" || burst == "" {
-			return nil
-		}
-		r, err1 := strconv.ParseFloat(rate, 64)
-		b, err2 := strconv.ParseFloat(burst, 64)
-		errs = append(errs, err1, err2)
-		if !(r > 0 && b > 0) || math.IsInf(r, 0) || math.IsInf(b, 0) {
-			errs = append(errs, fmt.Errorf("a Limit of %s/s burst %s", rate, burst))
-		}
-		return &Limit{Rate: r, Burst: b}
-	}
-	r.Now = integer(vals[0])
-	r.Override = limit(vals[1], vals[2])
-	r.Since = integer(vals[3])
-	if vals[4] == "forever" {
-		r.Until = -1
-	} else {
-		r.Until = integer(vals[4])
-	}
-	if rate, burst, ok := strings.Cut(vals[5], " "); ok {
-		r.Seen = limit(rate, burst)
-	}
-	r.Users = int(integer(vals[6]))
-	if vals[7] != "" {
-		tat, err := strconv.ParseFloat(vals[7], 64)
-		r.Tat = int64(tat)
-		errs = append(errs, err)
-	}
-	r.Source = vals[8]
-	r.Ev = integer(vals[9])
-	if vals[10] != "" {
-		anchors, err := parseAnchors(vals[10])
-		r.Anchors = anchors
-		errs = append(errs, err)
-	}
-	if at, pushes, ok := strings.Cut(vals[11], " "); ok {
-		r.PushAt = integer(at)
-		for p := range strings.FieldsSeq(pushes) {
-			r.Pushes = append(r.Pushes, integer(p))
-		}
-	}
-	if err := errors.Join(errs...); err != nil {
-		return Record{}, fmt.Errorf("%w: an unreadable control record: %w", redisx.ErrReply, err)
-	}
-	return r, nil
-}
-
-// state turns the record into a Limiter's state, its times moved to the
-// local clock as of sent, when the read was sent.
-func (r Record) state(sent time.Time) *State {
+// stateOf turns the record r into a Limiter's state, its times moved to
+// the local clock as of sent, when the read was sent.
+func stateOf(r Record, sent time.Time) *State {
 	st := &State{replaced: make(chan struct{}), readAt: sent, serverAt: r.Now, source: r.Source,
 		ev: r.Ev, anchors: r.Anchors, pushes: r.Pushes}
 	if r.Override != nil {
@@ -757,14 +606,13 @@ func (r Record) state(sent time.Time) *State {
 }
 
 // Op runs the record op op (limit, clear, hold, resume or status) of the
-// bucket whose first key is key, with arguments x and y, and returns the
-// record it replies. A pause (hold) and a resume move the queues of every
-// layer the Limiters that use the bucket recorded. An op that changes the
-// record is announced by the script; this Limiter reads its entry again
-// at once.
-func (c *Controls) Op(ctx context.Context, key, op string, x, y any) (Record, error) {
+// bucket whose first key is key, and returns the record it replies. A
+// pause (hold) and a resume move the queues of every layer the Limiters
+// that use the bucket recorded. An op that changes the record is
+// announced by the script; this Limiter reads its entry again at once.
+func (c *Controls) Op(ctx context.Context, key string, op store.RecordOp) (Record, error) {
 	keys := []string{key}
-	if op == "hold" || op == "resume" {
+	if op.Op == "hold" || op.Op == "resume" {
 		layers, err := c.layersOf(ctx, key)
 		if err != nil {
 			return Record{}, err
@@ -773,16 +621,11 @@ func (c *Controls) Op(ctx context.Context, key, op string, x, y any) (Record, er
 			keys = append(keys, key+suffix)
 		}
 	}
-	keys = append(keys, key+Suffix)
-	cmd, _ := c.script.Run(ctx, keys, op, x, y, redisx.Now(c.clock), c.channel)
-	if err := cmd.Err(); err != nil {
-		return Record{}, err
-	}
-	r, err := Parse(cmd)
+	r, err := c.store.Record(ctx, keys, op)
 	if err != nil {
 		return Record{}, err
 	}
-	if op != "status" {
+	if op.Op != "status" {
 		if e := c.Lookup(key); e != nil {
 			_, _ = c.ReadNow(ctx, e)
 		}
@@ -793,7 +636,7 @@ func (c *Controls) Op(ctx context.Context, key, op string, x, y any) (Record, er
 // layersOf returns the suffixes of the further layers' keys of the bucket
 // whose first key is key, as the Limiters that use it last recorded them.
 func (c *Controls) layersOf(ctx context.Context, key string) ([]string, error) {
-	h, ok := c.script.Client().(interface {
+	h, ok := c.store.Client().(interface {
 		HGet(ctx context.Context, key, field string) *redis.StringCmd
 	})
 	if !ok {

@@ -126,8 +126,7 @@ func TestClassesRescale(t *testing.T) {
 	if err := rdb.HSet(ctx, b.Call[1], "seen", "20 2").Err(); err != nil { // as the Limiters' reads write it
 		t.Fatal(err)
 	}
-	cmd, _ := s.script.Run(ctx, []string{b.Keys[0], b.Call[1]}, "limit", "40", "2", s.Now(), "")
-	if err := cmd.Err(); err != nil {
+	if _, err := s.Record(ctx, b.Keys, RecordOp{Op: "limit", Limit: Limit{Rate: 40, Burst: 2}}); err != nil {
 		t.Fatal(err)
 	}
 	b40 := New("quota:", "rescaled", []Limit{{Rate: 40, Burst: 2}})
