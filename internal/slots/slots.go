@@ -83,6 +83,11 @@ type Slots struct {
 	// under way: Flush waits for them.
 	sends pending.Count
 
+	// answering is set while Redis answers again and the fleet has yet to
+	// resume the shared slots (from Register until Shared): a slot the
+	// policy grants meanwhile is held in Redis at once (holdNow).
+	answering atomic.Bool
+
 	mu sync.Mutex
 	m  map[string]*Set // by the bucket's key
 }
@@ -424,6 +429,7 @@ func (s *Slots) AcquireLocal(ctx context.Context, name, key string, n, share int
 		set.held[id] = &holder{inUse: true}
 		s.mu.Unlock()
 		s.renew(set, s.lease/4)
+		s.holdNow(set)
 		return set, id, nil
 	}
 	if try {
@@ -439,6 +445,7 @@ func (s *Slots) AcquireLocal(ctx context.Context, name, key string, n, share int
 			return nil, "", ErrAgain
 		}
 		s.renew(set, s.lease/4)
+		s.holdNow(set)
 		return set, id, nil
 	case <-ctx.Done():
 		s.mu.Lock()
@@ -465,12 +472,30 @@ func (s *Slots) HoldOpen(name, key string, n int) (*Set, string) {
 	set.held[id] = &holder{inUse: true}
 	s.mu.Unlock()
 	s.renew(set, s.lease/4)
+	s.holdNow(set)
 	return set, id
+}
+
+// holdNow holds set's slots in use in Redis at once while Redis answers
+// again before the fleet resumes the shared slots (see answering): the
+// Limiters of the fleet each hold theirs again as they resume, and one
+// that resumes a moment before another would otherwise be granted shared
+// slots beside those the other's policy granted meanwhile.
+func (s *Slots) holdNow(set *Set) {
+	if !s.answering.Load() {
+		return
+	}
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
+		defer cancel()
+		_, _, _ = s.renewOnce(ctx, set)
+	}()
 }
 
 // Shared sends the callers waiting for a slot of a share to Redis, which
 // answers again: they fail with ErrAgain.
 func (s *Slots) Shared() {
+	s.answering.Store(false)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, set := range s.m {
@@ -793,7 +818,9 @@ func (s *Slots) renewLoop(set *Set, next time.Duration) {
 // Register renews every set's leases now, and so holds in Redis again the
 // slots in use here that it does not hold: those the policy granted while
 // Redis was unavailable, and those Redis lost meanwhile. The Limiter
-// calls it once Redis answers, before the fleet resumes the shared slots.
+// calls it once Redis answers, before the fleet resumes the shared slots;
+// until they resume (Shared), a slot the policy grants is held in Redis at
+// once.
 func (s *Slots) Register(ctx context.Context) error {
 	s.mu.Lock()
 	sets := make([]*Set, 0, len(s.m))
@@ -801,8 +828,10 @@ func (s *Slots) Register(ctx context.Context) error {
 		sets = append(sets, set)
 	}
 	s.mu.Unlock()
+	s.answering.Store(true) // a slot granted from now on is held at once
 	for _, set := range sets {
 		if _, _, err := s.renewOnce(ctx, set); err != nil {
+			s.answering.Store(false)
 			return err
 		}
 	}
