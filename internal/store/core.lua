@@ -84,17 +84,19 @@ end
 local ctl = KEYS[k + 1]
 
 -- The pause, the override and the resume, as every operation needs them.
+-- (A field is converted only when the record holds it, false otherwise:
+-- most hold none of them, and each conversion is a call.)
 local f = redis.call('HMGET', ctl, 'since', 'until', 'shifted', 'rate', 'burst', 'resume', 'pmax')
-local since, untilv, shifted = tonumber(f[1]), f[2], tonumber(f[3]) or 0
+local since, untilv, shifted = f[1] and tonumber(f[1]) or nil, f[2], f[3] and tonumber(f[3]) or 0
 -- After an outage, the instant the fleet leaves its local shares
 -- (resuming): until then no take is granted, whether or not its Limiter
 -- saw the outage.
-local resuming = tonumber(f[6])
+local resuming = f[6] and tonumber(f[6]) or nil
 resuming = resuming ~= nil and resuming > now
 local forever = untilv == 'forever'
-local ends = tonumber(untilv) -- nil while forever
+local ends = untilv and tonumber(untilv) or nil -- nil while forever
 local paused = since ~= nil and (forever or ends > now)
-local pmax = tonumber(f[7]) or 0
+local pmax = f[7] and tonumber(f[7]) or 0
 
 -- The layers: tats[i], rates[i] and fulls[i], the µs layer i takes to
 -- fill from empty. Times are in microseconds; tokens accrue in layer i at

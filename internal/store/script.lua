@@ -12,9 +12,8 @@
 --             "plain", "class" or "tenant" (see below).
 -- ARGV[4]     the channel that announces the takes' pushes (see
 --             classes.lua), or "" for none.
--- ARGV[5...]  the callers, one after another, each in as many ARGV as
---             its form has (stride), caller c's from x = 5 + (c-1) x
---             stride:
+-- ARGV[5...]  the callers, each in as many ARGV as its form has
+--             (stride), caller c's from x = 5 + (c-1) x stride:
 --   ARGV[x]     its longest wait, in microseconds;
 --   forms class and tenant:
 --   ARGV[x+1]   its priority class, 0 to 7 (see classes.lua);
@@ -26,11 +25,8 @@
 --   ARGV[x+4]   the tenant's weight, > 0; 0 for a caller for no tenant;
 --   ARGV[x+5]   the most tenants the bucket keeps apart, of which this
 --               one is not sure to be one; 0 for one that always is;
---   then, in its last k ARGV, the tokens it takes from each layer, >= 0
---   (a bucket whose layers meter different things takes a different
---   amount from each).
--- The last 2k ARGV, after the callers: the layers' Limits, layer i's
--- rate (tokens a second, > 0) then burst (the tokens it holds).
+--   then, in its last k ARGV, the tokens it takes from each layer, >= 0.
+-- The last 2k ARGV, after the callers: the layers' Limits (core.lua).
 --
 -- Reply: for each caller, {outcome, wait, tat_1, ..., tat_k, pos_1, ...,
 -- pos_k}, integers, where outcome is one of:
@@ -217,7 +213,10 @@ for c = 1, callers do
     -- could give them sooner counts them from then, as if taken then;
     -- but a layer whose lower classes the take pushes takes them where
     -- it queues, the commit point, which the pushes are reckoned from.
-    local at = now + math.max(longest, 0)
+    local at = now
+    if longest > 0 then
+      at = now + longest
+    end
     if tenant then
       charge(tenant, cost, class, wait)
     end
