@@ -92,7 +92,7 @@ func (c *cmdCounter) byOp() map[string]int {
 }
 
 // isRecordOp tells whether the arguments of an EVALSHA or EVAL are a
-// record operation of the bucket script: a read of the control record,
+// record operation (internal/store's record.lua): a read of the control record,
 // or an operator's change to it.
 func isRecordOp(args []any) bool {
 	numkeys, err := strconv.Atoi(fmt.Sprint(args[2]))

@@ -1,8 +1,8 @@
 // Package control keeps what a Limiter knows of its buckets' control
-// records (the record ops of the bucket script): each bucket's override
-// of its Limit and its pause, read when the bucket is first used, again in
+// records (internal/store's record operations): each bucket's override of
+// its Limit and its pause, read when the bucket is first used, again in
 // the background, on every announcement, and every WaitRefresh while
-// callers sleep or wait on it; and the typed reply of every record op.
+// callers sleep or wait on it.
 package control
 
 import (
@@ -90,9 +90,9 @@ type State struct {
 	replaced chan struct{}
 }
 
-// CommitHorizon is how far ahead of now a grant stands, the bucket script's
+// CommitHorizon is how far ahead of now a grant stands, the take's
 // commit: a take of a higher priority class pushes back only the grants
-// of lower classes due later than that after it (see script.lua), so that
+// of lower classes due later than that after it (see classes.lua), so that
 // its announcement reaches their callers before they are due.
 const CommitHorizon = 100 * time.Millisecond
 

@@ -76,7 +76,8 @@ if pmax > 0 or uses ~= 'plain' then
   function clockField(c, i)
     return 'q' .. c .. ':' .. sfx(i)
   end
-  -- pushClock returns the push clock of class c in layer i (see shares).
+  -- pushClock returns the push clock of class c in layer i (see Minimum
+  -- shares).
   function pushClock(c, i)
     local field = clockField(c, i)
     if not clocks[field] then

@@ -19,7 +19,7 @@
 --   ARGV[x+1]   its priority class, 0 to 7 (see classes.lua);
 --   ARGV[x+2]   the minimum shares of the classes, from class 0 up,
 --               separated by spaces, 0 for none; "" for none at all
---               (see shares);
+--               (see classes.lua's Minimum shares);
 --   form tenant:
 --   ARGV[x+3]   the tenant it is for (see tenants.lua);
 --   ARGV[x+4]   the tenant's weight, > 0; 0 for a caller for no tenant;
@@ -42,7 +42,7 @@
 --     outage, whatever the caller's wait; nothing is taken, and wait is 0;
 --   5 crowded: the take would push a class below its own past that
 --     class's minimum share; nothing is taken, and wait is how long until
---     the share has room (see shares);
+--     the share has room (see classes.lua's Minimum shares);
 --   6 held: a take for a tenant that is not admitted; nothing is taken,
 --     and wait is how long until it may be, at most fairNap (see
 --     tenants.lua).
@@ -131,7 +131,7 @@ for c = 1, callers do
     tenant = tenantOf(ARGV[x + 3], tonumber(ARGV[x + 4]), tonumber(ARGV[x + 5]))
   end
   -- A take that would push a class past its minimum share waits until
-  -- the class's push clock is back to now (see shares).
+  -- the class's push clock is back to now (see classes.lua's Minimum shares).
   local crowded = -math.huge
   for j = 0, class - 1 do
     local m = shares[j]
