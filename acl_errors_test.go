@@ -92,7 +92,7 @@ func TestRefusedAnnouncements(t *testing.T) {
 		}
 	}
 	g, err := l.store.Take(ctx, b.Bucket, store.Cost{N: 1, Class: 3}, time.Second)
-	if err != nil || !g.Granted {
+	if err != nil || !g.Granted() {
 		t.Errorf("a take of class 3 ahead of class 0's grants, without the channel: %+v, %v", g, err)
 	}
 	if err := l.store.Adjust(ctx, b.Bucket, store.Tokens(-2), ""); err != nil {

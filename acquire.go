@@ -189,12 +189,12 @@ func (l *Limiter) waitTokens(ctx context.Context, span *waitSpan, b bucket, o as
 			maxWait = 0
 		}
 		g, err := l.store.Take(ctx, b.Bucket, o.cost(), maxWait)
-		if head != nil && g.Held && listen == nil {
+		if head != nil && g.Outcome == store.Held && listen == nil {
 			listen = l.events.Hold()
 		}
-		if head != nil && !g.Held {
+		if head != nil && g.Outcome != store.Held {
 			var next time.Time
-			if g.Granted && g.Wait > 0 {
+			if g.Granted() && g.Wait > 0 {
 				next = roomAfter(g.Wait, b.costTime(o.cost()))
 			}
 			leave(next) // the next caller of the tenant may ask
@@ -223,7 +223,7 @@ func (l *Limiter) waitTokens(ctx context.Context, span *waitSpan, b bucket, o as
 func (l *Limiter) granted(ctx context.Context, span *waitSpan, b bucket, o ask, g store.Grant, maxWait time.Duration, deadline bool) (done bool, err error) {
 	name := b.Name
 	l.workers.Heartbeat()
-	if g.Granted {
+	if g.Granted() {
 		if l.cfg.policy.mode() == ModeLocal {
 			l.locals.Granted(b.Keys[0], g.Wait)
 		}
@@ -248,7 +248,7 @@ func (l *Limiter) granted(ctx context.Context, span *waitSpan, b bucket, o ask, 
 		}
 		return true, nil
 	}
-	if g.Resuming {
+	if g.Outcome == store.Resuming {
 		// The fleet is still on its local shares after an outage this
 		// Limiter did not see: under FallbackLocal it joins them, and
 		// resumes with them; under another policy it takes again
@@ -267,7 +267,7 @@ func (l *Limiter) granted(ctx context.Context, span *waitSpan, b bucket, o ask, 
 		}
 		return false, nil
 	}
-	if g.Crowded || g.Held {
+	if g.Outcome == store.Crowded || g.Outcome == store.Held {
 		// The take took nothing and is to ask again in g.Wait: it would
 		// push a lower priority past its minimum share (WithMinShare), or
 		// it is another tenant's turn, or the bucket's queue is full
@@ -275,7 +275,7 @@ func (l *Limiter) granted(ctx context.Context, span *waitSpan, b bucket, o ask, 
 		// again, so that the callers refused together do not all ask at
 		// once.
 		why := fmt.Sprintf("%q's lower priorities are at their minimum share", name)
-		if g.Held {
+		if g.Outcome == store.Held {
 			why = fmt.Sprintf("%q is shared between tenants and is not %q's", name, o.tenant)
 		}
 		switch {
@@ -293,7 +293,7 @@ func (l *Limiter) granted(ctx context.Context, span *waitSpan, b bucket, o ask, 
 		}
 		return false, nil
 	}
-	if g.Wait < 0 {
+	if g.Outcome == store.Paused {
 		// Paused until a resume, which the Limiter had not heard of: it
 		// reads the record, and waits for the pause as the callers after
 		// it will. Should the record say otherwise, it takes again

@@ -44,7 +44,7 @@ func BenchmarkAcquire(b *testing.B) {
 	// BareEvalSha is the floor for Wait: the same script with the same
 	// arguments, called directly.
 	b.Run("BareEvalSha", func(b *testing.B) {
-		src := NewLimiter(rdb).store.Script().Source()
+		src := NewLimiter(rdb).store.TakeScript().Source()
 		if err := rdb.ScriptLoad(ctx, src).Err(); err != nil {
 			b.Fatal(err)
 		}

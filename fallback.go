@@ -179,7 +179,7 @@ func (l *Limiter) readFailed(e *control.Entry, err error) {
 		return
 	}
 	l.breaker.Trip(e.Name(), func(ctx context.Context) error {
-		redisx.ReloadCluster(ctx, l.store.Script().Client())
+		redisx.ReloadCluster(ctx, l.store.Client())
 		_, err := l.controls.ReadNow(ctx, e)
 		if err != nil && errors.Is(l.classify(context.Background(), err), ErrUnavailable) {
 			return err

@@ -329,7 +329,7 @@ func TestFaultFailClosed(t *testing.T) {
 		t.Fatal(err)
 	}
 	cmds := newCmdCounter()
-	ws[0].tr.Limiter().store.Script().Client().(*redis.Client).AddHook(cmds)
+	ws[0].tr.Limiter().store.Client().(*redis.Client).AddHook(cmds)
 	srv.Kill()
 	down := time.Now()
 	var slowest time.Duration

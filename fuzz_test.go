@@ -81,7 +81,7 @@ func FuzzScript(f *testing.F) {
 			if err != nil {
 				t.Fatalf("take %v of %v, max wait %dus: %v", n, lim, maxWait, err)
 			}
-			if r.Wait < 0 || (r.Granted && r.Wait.Microseconds() > maxWait) {
+			if r.Wait < 0 || (r.Granted() && r.Wait.Microseconds() > maxWait) {
 				t.Fatalf("take %v of %v, max wait %dus: reply %+v", n, lim, maxWait, r)
 			}
 			if err := l.store.Refund(ctx, oneLayer(key, lim), store.Tokens(n), r.Tats); err != nil {

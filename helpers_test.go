@@ -92,7 +92,7 @@ func (c *cmdCounter) byOp() map[string]int {
 }
 
 // isRecordOp tells whether the arguments of an EVALSHA or EVAL are a
-// record operation of the bucket script: a read of the control record,
+// record operation (internal/store's record.lua): a read of the control record,
 // or an operator's change to it.
 func isRecordOp(args []any) bool {
 	numkeys, err := strconv.Atoi(fmt.Sprint(args[2]))
@@ -288,30 +288,17 @@ type takeGrant struct {
 //
 // A take granted at once replies 0 alone (a batch: 0 when every caller
 // was, or a wait of 0 in its part), and g is the script's now, which the
-// reply does not give. It is the caller's clock in ARGV[4] when the take
+// reply does not give. It is the caller's clock in ARGV[2] when the take
 // carries one (WithClock); otherwise the server read its clock after the
 // take was sent, and sent, never later, stands in for it.
 func takeDues(cmd redis.Cmder, sent time.Time) []takeGrant {
-	if n := cmd.Name(); n != "evalsha" && n != "eval" {
-		return nil
-	}
+	k, callers, argv, ok := takeCall(cmd)
 	c, isCmd := cmd.(*redis.Cmd)
-	args := cmd.Args() // evalsha, sha, numkeys, keys..., argv...
-	if !isCmd || len(args) < 3 {
+	if !ok || !isCmd {
 		return nil
 	}
-	numkeys, err := strconv.Atoi(fmt.Sprint(args[2]))
-	k := numkeys - 1 // the layers; the control record's key comes last
-	if err != nil || k < 1 || len(args) < 3+numkeys+4+3*k || (len(args)-(3+numkeys+4+3*k))%2 != 0 {
-		return nil
-	}
-	argv := args[3+numkeys:]
-	if fmt.Sprint(argv[0]) != "take" {
-		return nil
-	}
-	callers := 1 + (len(args)-(3+numkeys+4+3*k))/2
 	var now time.Time
-	if s := fmt.Sprint(argv[3]); s != "" {
+	if s := fmt.Sprint(argv[1]); s != "" {
 		us, err := strconv.ParseInt(s, 10, 64)
 		if err != nil {
 			return nil
@@ -350,8 +337,9 @@ func takeDues(cmd redis.Cmder, sent time.Time) []takeGrant {
 			tk := takeGrant{granted: true, now: now}
 			for i := range k {
 				tat, okTat := r[2+i].(int64)
-				rate, err1 := strconv.ParseFloat(fmt.Sprint(argv[3*i+4]), 64)
-				burst, err2 := strconv.ParseFloat(fmt.Sprint(argv[3*i+5]), 64)
+				limits := len(argv) - 2*k // the layers' rates and bursts (script.lua)
+				rate, err1 := strconv.ParseFloat(fmt.Sprint(argv[limits+2*i]), 64)
+				burst, err2 := strconv.ParseFloat(fmt.Sprint(argv[limits+2*i+1]), 64)
 				if !okTat || err1 != nil || err2 != nil {
 					return nil
 				}
@@ -368,22 +356,40 @@ func takeDues(cmd redis.Cmder, sent time.Time) []takeGrant {
 	return nil
 }
 
+// takeCall reads the command of a take, as script.lua lays out its
+// ARGV: the layers it takes from, the callers it serves and its ARGV; ok
+// is false for any other command.
+func takeCall(cmd redis.Cmder) (k, callers int, argv []any, ok bool) {
+	if n := cmd.Name(); n != "evalsha" && n != "eval" {
+		return 0, 0, nil, false
+	}
+	args := cmd.Args() // evalsha, sha, numkeys, keys..., argv...
+	if len(args) < 3 {
+		return 0, 0, nil, false
+	}
+	numkeys, err := strconv.Atoi(fmt.Sprint(args[2]))
+	k = numkeys - 1 // the layers; the control record's key comes last
+	if err != nil || k < 1 || len(args) < 3+numkeys+4 || fmt.Sprint(args[3+numkeys]) != "take" {
+		return 0, 0, nil, false
+	}
+	argv = args[3+numkeys:]
+	stride := map[string]int{"plain": 1 + k, "class": 3 + k, "tenant": 6 + k}[fmt.Sprint(argv[2])]
+	if stride == 0 || (len(argv)-4-2*k)%stride != 0 || len(argv)-4-2*k < stride {
+		return 0, 0, nil, false
+	}
+	return k, (len(argv) - 4 - 2*k) / stride, argv, true
+}
+
 // takeReplies returns the reply of a take for each caller it served, in
 // order, each as a take of its own would have it: the reply itself for a
 // take of one caller; for a batch, each caller's part of the reply, or
 // the integer 0 for each when the batch replied 0. It returns nil for any
 // other command or reply.
 func takeReplies(cmd *redis.Cmd) []any {
-	args := cmd.Args() // evalsha, sha, numkeys, keys..., argv...
-	if len(args) < 3 {
+	k, callers, _, ok := takeCall(cmd)
+	if !ok {
 		return nil
 	}
-	numkeys, err := strconv.Atoi(fmt.Sprint(args[2]))
-	k := numkeys - 1
-	if err != nil || k < 1 || len(args) < 3+numkeys+4+3*k || fmt.Sprint(args[3+numkeys]) != "take" {
-		return nil
-	}
-	callers := 1 + (len(args)-(3+numkeys+4+3*k))/2
 	out := make([]any, callers)
 	switch v := cmd.Val().(type) {
 	case int64:

@@ -489,7 +489,7 @@ func TestReportedWaitIsExact(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if !g.Granted || rec.Due.IsZero() {
+		if !g.Granted() || rec.Due.IsZero() {
 			t.Fatalf("%v tokens refused, or no due instant (%+v)", n, rec)
 		}
 		return g, rec

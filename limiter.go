@@ -85,7 +85,7 @@ func newLimiter(rdb redis.Scripter, cfg config) *Limiter {
 		Lease:   cfg.slotLease,
 		Rejoin:  resumeDelay,
 		Logger:  cfg.logger,
-		Bucket:  store.Source(),
+		Bucket:  store.TakeSource(),
 		Told: slots.Events{
 			Handed: func(name string, n int) { l.obs.slotEvent(name, slotHanded, n) },
 			Checked: func(name string, kept bool) {
@@ -98,7 +98,7 @@ func newLimiter(rdb redis.Scripter, cfg config) *Limiter {
 			Registered: func(name string, n int) { l.obs.slotEvent(name, slotRegistered, n) },
 		},
 	})
-	l.controls = control.New(l.store.Script(), cfg.prefix+control.Channel, cfg.clock, l.events)
+	l.controls = control.New(l.store, l.events)
 	l.events.Handle(redisx.Handlers{
 		Message: l.announced,
 		Started: l.listening,

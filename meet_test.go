@@ -36,18 +36,18 @@ func setControlIdle(t *testing.T, d time.Duration) {
 	t.Cleanup(func() { controlIdle = old })
 }
 
-// recordOp runs a record operation of the bucket script on the bucket
-// called name as an operator's Limiter would, announcing it on channel:
-// "" loses the announcement.
-func recordOp(t *testing.T, l *Limiter, name, op, x, y, channel string) {
+// recordOp runs a record operation of the bucket called name as an
+// operator's Limiter would, announcing it on channel: "" loses the
+// announcement.
+func recordOp(t *testing.T, l *Limiter, name string, op store.RecordOp, channel string) {
 	t.Helper()
 	key, err := bucketKey(l.cfg.prefix, name)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd, _ := l.store.Script().Run(context.Background(), []string{key, key + control.Suffix}, op, x, y, "", channel)
-	if err := cmd.Err(); err != nil {
-		t.Fatalf("%s: %v", op, err)
+	s := store.NewStore(l.store.Client(), store.Options{Channel: channel})
+	if _, err := s.Record(context.Background(), []string{key}, op); err != nil {
+		t.Fatalf("%s: %v", op.Op, err)
 	}
 }
 
@@ -92,7 +92,7 @@ func TestParkedCallersHearTheResume(t *testing.T) {
 			if lost {
 				channel = ""
 			}
-			recordOp(t, operator, name, "resume", "", "", channel)
+			recordOp(t, operator, name, store.RecordOp{Op: "resume"}, channel)
 			resumed := time.Now()
 			done := make(chan struct{})
 			go func() { wg.Wait(); close(done) }()
@@ -521,7 +521,7 @@ func TestMissedAnnouncementBound(t *testing.T) {
 	stop := start.Add(3 * time.Second)
 	done := arrivals(t, ls, 20, name, lim, stop)
 	time.Sleep(time.Second)
-	recordOp(t, operator, name, "hold", "1500000", "", "") // 1.5s, announced to no one
+	recordOp(t, operator, name, store.RecordOp{Op: "hold", Hold: 1500 * time.Millisecond}, "") // announced to no one
 	paused := time.Now()
 	woke := done()
 	late := between(woke, paused.Add(20*time.Millisecond), paused.Add(1500*time.Millisecond))
@@ -766,7 +766,7 @@ func TestShortSleeperHearsTheResume(t *testing.T) {
 		t.Fatalf("the sleeper returned during the pause, %v after the call", time.Since(at))
 	case <-time.After(time.Second):
 	}
-	recordOp(t, operator, name, "resume", "", "", "") // announced to no one
+	recordOp(t, operator, name, store.RecordOp{Op: "resume"}, "") // announced to no one
 	resumed := time.Now()
 	select {
 	case at := <-returned:
@@ -799,7 +799,7 @@ func TestAllowAfterAnUnheardResume(t *testing.T) {
 	if _, _, paused := e.Load().PausedAt(time.Now()); !paused {
 		t.Fatal("the Limiter did not read the pause: the test shows nothing")
 	}
-	recordOp(t, operator, "unheard", "resume", "", "", "") // announced to no one
+	recordOp(t, operator, "unheard", store.RecordOp{Op: "resume"}, "") // announced to no one
 	if ok, err := l.Allow(ctx, "unheard", lim); !ok || err != nil {
 		t.Errorf("Allow just after the resume = %v, %v; want true", ok, err)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"testing"
 	"time"
 
@@ -195,8 +196,9 @@ func (silentSettles) DialHook(next redis.DialHook) redis.DialHook { return next 
 func (silentSettles) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		if scriptOp(cmd) == "adjust" {
-			args := cmd.Args()
-			args[len(args)-1] = ""
+			args := cmd.Args() // evalsha, sha, numkeys, keys..., argv...
+			numkeys, _ := strconv.Atoi(fmt.Sprint(args[2]))
+			args[3+numkeys+2] = "" // ARGV[3], the channel (update.lua)
 		}
 		return next(ctx, cmd)
 	}

@@ -3,17 +3,16 @@ package quota
 import (
 	"context"
 	"fmt"
-	"math"
 	"strconv"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/sharedquota/quota/internal/control"
-	"github.com/sharedquota/quota/internal/redisx"
+	"github.com/sharedquota/quota/internal/store"
 )
 
 // Forever, given to Pause, pauses a bucket until Resume.
-const Forever time.Duration = math.MaxInt64
+const Forever time.Duration = store.Forever
 
 // Who set a bucket's pause, as Status reports it.
 const (
@@ -68,14 +67,14 @@ func (l *Limiter) SetLimit(ctx context.Context, name string, lim Limit) error {
 	if err != nil {
 		return err
 	}
-	_, err = l.operate(ctx, name, "limit", redisx.Num(lim.Rate), redisx.Num(lim.Burst))
+	_, err = l.operate(ctx, name, store.RecordOp{Op: "limit", Limit: store.Limit(lim)})
 	return err
 }
 
 // ClearLimit removes the override of the bucket called name: its callers'
 // Limits apply again, within a second.
 func (l *Limiter) ClearLimit(ctx context.Context, name string) error {
-	_, err := l.operate(ctx, name, "clear", "", "")
+	_, err := l.operate(ctx, name, store.RecordOp{Op: "clear"})
 	return err
 }
 
@@ -90,28 +89,24 @@ func (l *Limiter) ClearLimit(ctx context.Context, name string) error {
 // Retry-After: a pause while one is in force extends it, never shortens
 // it. A d below a microsecond fails with ErrInvalidLimit.
 func (l *Limiter) Pause(ctx context.Context, name string, d time.Duration) error {
-	arg := "forever"
-	if d != Forever {
-		if d < time.Microsecond {
-			return fmt.Errorf("%w: a pause of %v; it must last a microsecond or more", ErrInvalidLimit, d)
-		}
-		arg = strconv.FormatInt(d.Microseconds(), 10)
+	if d != Forever && d < time.Microsecond {
+		return fmt.Errorf("%w: a pause of %v; it must last a microsecond or more", ErrInvalidLimit, d)
 	}
-	_, err := l.operate(ctx, name, "hold", arg, "")
+	_, err := l.operate(ctx, name, store.RecordOp{Op: "hold", Hold: d})
 	return err
 }
 
 // Resume ends the pause of the bucket called name, if one is in force,
 // whoever set it: the grants it held fall due as if it had ended now.
 func (l *Limiter) Resume(ctx context.Context, name string) error {
-	_, err := l.operate(ctx, name, "resume", "", "")
+	_, err := l.operate(ctx, name, store.RecordOp{Op: "resume"})
 	return err
 }
 
 // Status reads the bucket called name from Redis: the Limit in force and
 // the tokens it holds, its queue, its pause and its users.
 func (l *Limiter) Status(ctx context.Context, name string) (Status, error) {
-	r, err := l.operate(ctx, name, "status", "", "")
+	r, err := l.operate(ctx, name, store.RecordOp{Op: "status"})
 	if err != nil {
 		return Status{}, err
 	}
@@ -145,7 +140,7 @@ func (l *Limiter) Status(ctx context.Context, name string) (Status, error) {
 		}
 	}
 	// The roll call of CountingWorkers, which lives beside the buckets.
-	if z, ok := l.store.Script().Client().(interface {
+	if z, ok := l.store.Client().(interface {
 		ZCount(ctx context.Context, key, min, max string) *redis.IntCmd
 	}); ok {
 		n, err := z.ZCount(ctx, l.cfg.prefix+"workers", strconv.FormatInt(r.Now/1000, 10), "+inf").Result()
@@ -158,12 +153,12 @@ func (l *Limiter) Status(ctx context.Context, name string) (Status, error) {
 }
 
 // operate runs a record op of the bucket called name.
-func (l *Limiter) operate(ctx context.Context, name, op string, x, y any) (control.Record, error) {
+func (l *Limiter) operate(ctx context.Context, name string, op store.RecordOp) (control.Record, error) {
 	key, err := bucketKey(l.cfg.prefix, name)
 	if err != nil {
 		return control.Record{}, err
 	}
-	r, err := l.controls.Op(ctx, key, op, x, y)
+	r, err := l.controls.Op(ctx, key, op)
 	if err != nil {
 		return control.Record{}, l.classify(ctx, err)
 	}

@@ -187,7 +187,7 @@ func (l *Limiter) degradedWait(ctx context.Context, b bucket, n store.Cost, mode
 // answered, even with an error that is not an outage (a script error,
 // missing rights), since that ends the outage too.
 func (l *Limiter) ask(ctx context.Context, b bucket) error {
-	redisx.ReloadCluster(ctx, l.store.Script().Client()) // learn of a failover now
+	redisx.ReloadCluster(ctx, l.store.Client()) // learn of a failover now
 	err := l.store.Probe(ctx, b.Bucket)
 	if err != nil && errors.Is(l.classify(context.Background(), err), ErrUnavailable) {
 		return err

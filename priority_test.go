@@ -269,7 +269,7 @@ func TestPushReachesSleepers(t *testing.T) {
 			time.Sleep(200 * time.Millisecond)
 			// Priority 2 takes 5 tokens: the sleeper, due 1.6 s in, goes 0.5 s later.
 			g, err := other.Take(ctx, b, store.Cost{N: 5, Class: 2}, time.Hour)
-			if err != nil || !g.Granted {
+			if err != nil || !g.Granted() {
 				t.Fatalf("the push: %+v, %v", g, err)
 			}
 			waited := <-woke

@@ -220,7 +220,7 @@ func tokensAtOnce(t *testing.T, l *Limiter, name string, lim Limit) func(n float
 			if err != nil {
 				t.Fatal(err)
 			}
-			if !g.Granted {
+			if !g.Granted() {
 				return i
 			}
 		}

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Prints what one call of quota's bucket script costs Redis, beside
-# redis_rate's script: the median usec_per_call of EVALSHA (INFO
-# commandstats) over interleaved rounds of redis-benchmark, pipelined so
-# that the figure is the script's work and not the network's. Both take one
-# token from a bucket of a million a second, which writes the key each time.
+# Prints what one take of quota's costs Redis, beside redis_rate's script:
+# the median usec_per_call of EVALSHA (INFO commandstats) over interleaved
+# rounds of redis-benchmark, pipelined so that the figure is the script's
+# work and not the network's. Both take one token from a bucket of a
+# million a second, which writes the key each time; quota's take reads the
+# bucket's control record too, as every take does.
 #
 #   scripts/script-cost.sh [rounds]    # make script-cost; 8 rounds by default
 set -euo pipefail
@@ -26,9 +27,10 @@ for _ in $(seq 50); do "${cli[@]}" PING >/dev/null 2>&1 && break; sleep 0.1; don
 # redis_rate keeps its script in a Go string; take the allowN one.
 awk '/^var allowN = redis.NewScript\(`/{on=1; next} on && /^`\)/{exit} on' "$rr_dir/lua.go" >"$tmp/rr.lua"
 
-# The bucket script runs after the prelude every script of the library has;
-# its parts are joined in internal/store's order (sourceParts).
-parts=$(sed -n 's/^var sourceParts = \[\]string{\(.*\)}$/\1/p' internal/store/store.go | tr -d '",')
+# The take's script runs after the prelude every script of the library has;
+# its parts are joined in internal/store's order (takeParts).
+parts=$(sed -n 's/^[[:space:]]*takeParts *= \[\]string{\(.*\)}$/\1/p' internal/store/scripts.go | tr -d '",')
+[ -n "$parts" ] || { echo "script-cost: no takeParts in internal/store/scripts.go" >&2; exit 1; }
 quota_sha=$("${cli[@]}" SCRIPT LOAD "$(cat internal/redisx/prelude.lua $(for p in $parts; do echo "internal/store/$p"; done))")
 rr_sha=$("${cli[@]}" SCRIPT LOAD "$(cat "$tmp/rr.lua")")
 
@@ -43,8 +45,10 @@ median() { sort -n | awk '{v[NR]=$1} END {if (NR%2) print v[(NR+1)/2]; else prin
 
 : >"$tmp/quota" >"$tmp/rr"
 for _ in $(seq "$rounds"); do
-  # quota: take 1 token, wait at most 5 s, the server's clock, 1e6/s burst 1e9.
-  cost "$quota_sha" 1 'quota:{cost}' take 1 5000000 '' 1000000 1000000000 0 >>"$tmp/quota"
+  # quota (script.lua): the layer's key and the control record's; a take,
+  # the server's clock, plain, no channel; wait at most 5 s, take 1 token;
+  # 1e6/s burst 1e9.
+  cost "$quota_sha" 2 'quota:{cost}' 'quota:{cost}:ctl' take '' plain '' 5000000 1 1000000 1000000000 >>"$tmp/quota"
   # redis_rate: burst, rate, period (s), cost.
   cost "$rr_sha" 1 'rate:cost' 1000000000 1000000 1 1 >>"$tmp/rr"
 done

@@ -2,46 +2,27 @@ package main
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
 	"maps"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/sharedquota/quota/internal/slots"
+	"github.com/sharedquota/quota/internal/store"
 )
 
-// The keys of a bucket, as package quota lays them out under its prefix.
-// The bucket's key is the prefix, then the bucket's name inside a hash tag:
-// quota:{api.example.com}. A name longer than maxName bytes is shortened to
-// its first bytes, a "~" and a digest of the whole name, one byte longer
-// than maxName; a name that begins with "}" or "%" is written after a "%".
-// The bucket's other keys, all in its hash slot, are its key followed by a
-// suffix: its control record, its concurrency slots, the settles applied
-// lately, and one key for each further layer, named by the layer's Limit
-// (":RATE/BURST").
-const (
-	maxName   = 200
-	digestLen = 16 // hex digits
-)
-
-var keySuffixes = []string{":ctl", ":slots", ":slots:waiting", ":slots:queue", ":slots:takes", ":settled"}
+// The keys of a bucket are laid out by internal/store (the bucket's key,
+// its control record, its settles and its further layers) and
+// internal/slots (its concurrency slots): quotactl reads them with theirs.
+// A bucket's other keys are its key followed by one of keySuffixes, or by
+// a further layer's suffix (store.IsLayerSuffix).
+var keySuffixes = []string{store.ControlSuffix, slots.HeldSuffix, slots.WaitingSuffix, slots.QueueSuffix, slots.TakesSuffix, store.SettledSuffix}
 
 // bucketKey returns the key of the bucket called name, which is not empty.
-func bucketKey(prefix, name string) string {
-	if len(name) > maxName {
-		sum := sha256.Sum256([]byte(name))
-		digest := hex.EncodeToString(sum[:digestLen/2])
-		name = name[:maxName-len(digest)] + "~" + digest
-	}
-	if name[0] == '}' || name[0] == '%' {
-		name = "%" + name
-	}
-	return prefix + "{" + name + "}"
-}
+func bucketKey(prefix, name string) string { return store.Key(prefix, name) }
 
 // missing reports whether Redis holds none of the keys of the bucket
 // called name: neither its key, nor its control record, nor the keys of
@@ -119,55 +100,11 @@ func list(ctx context.Context, rdb redis.UniversalClient, prefix string) ([]list
 // whether it is a key of a bucket at all, as bucketKey and keySuffixes
 // lay them out.
 func bucketOf(prefix, key string) (listed, bool) {
-	rest, ok := strings.CutPrefix(key, prefix+"{")
-	if !ok {
+	name, suffix, shortened, ok := store.ParseKey(prefix, key)
+	if !ok || suffix != "" && !slices.Contains(keySuffixes, suffix) && !store.IsLayerSuffix(suffix) {
 		return listed{}, false
 	}
-	// The suffixes hold no "}": the last one closes the name.
-	i := strings.LastIndexByte(rest, '}')
-	if i < 0 {
-		return listed{}, false
-	}
-	name, suffix := rest[:i], rest[i+1:]
-	if suffix != "" && !slices.Contains(keySuffixes, suffix) && !isLayerSuffix(suffix) {
-		return listed{}, false
-	}
-	if escaped, ok := strings.CutPrefix(name, "%"); ok {
-		if escaped == "" || escaped[0] != '}' && escaped[0] != '%' {
-			return listed{}, false
-		}
-		name = escaped
-	} else if name == "" || name[0] == '}' {
-		return listed{}, false
-	}
-	switch {
-	case len(name) <= maxName:
-		return listed{Name: name}, true
-	case len(name) == maxName+1 && isDigest(name[maxName-digestLen:]):
-		return listed{Name: name, Shortened: true}, true
-	}
-	return listed{}, false
-}
-
-// isLayerSuffix reports whether s is the suffix of a further layer's key,
-// ":RATE/BURST".
-func isLayerSuffix(s string) bool {
-	lim, colon := strings.CutPrefix(s, ":")
-	r, b, slash := strings.Cut(lim, "/")
-	if !colon || !slash {
-		return false
-	}
-	_, rerr := strconv.ParseFloat(r, 64)
-	_, berr := strconv.ParseFloat(b, 64)
-	return rerr == nil && berr == nil
-}
-
-// isDigest reports whether s is the "~" and the digest that end a
-// shortened name.
-func isDigest(s string) bool {
-	d, ok := strings.CutPrefix(s, "~")
-	_, err := hex.DecodeString(d)
-	return ok && len(d) == digestLen && err == nil && strings.ToLower(d) == d
+	return listed{Name: name, Shortened: shortened}, true
 }
 
 // globEscape escapes the characters special in a pattern of SCAN's MATCH.

@@ -21,6 +21,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/sharedquota/quota"
 	"github.com/sharedquota/quota/internal/redistest"
+	"github.com/sharedquota/quota/internal/store"
 )
 
 // quotaRun runs the command line with env as the environment and returns
@@ -519,11 +520,11 @@ func TestBucketOf(t *testing.T) {
 		for _, name := range []string{"api.example.com", "}", "}x", "%", "%%", "%x", "a}b", "x}:ctl", "{", "{}", " ",
 			"my bucket", "line\nbreak", strings.Repeat("y", 200), strings.Repeat("z", 201), long, "}" + long, "%" + long} {
 			want := listed{Name: name}
-			if len(name) > maxName {
+			if len(name) > store.MaxNameLen {
 				sum := sha256.Sum256([]byte(name))
 				want = listed{Name: name[:184] + "~" + hex.EncodeToString(sum[:8]), Shortened: true}
 			}
-			for _, suffix := range append(keySuffixes, "", ":5/15", ":0.1/1e-07", ":1e+21/3") {
+			for _, suffix := range append(keySuffixes, "", ":5/15", ":0.1/1e-07", ":1e+21/3", ":input_tokens:100/1000") {
 				key := bucketKey(prefix, name) + suffix
 				if got, ok := bucketOf(prefix, key); !ok || got != want {
 					t.Errorf("bucketOf(%q, %q) = %+v, %v; want %+v", prefix, key, got, ok, want)
@@ -535,6 +536,7 @@ func TestBucketOf(t *testing.T) {
 		"quota:workers", "quota:resume", "quota:control", "other:{x}", "quota{x}", "quota:x{y}",
 		"quota:{x", "quota:{}", "quota:{}x}", "quota:{%x}", "quota:{%}", "quota:{x}:other", "quota:{x}:ctl:more",
 		"quota:{x}:5", "quota:{x}:5/", "quota:{x}:/5", "quota:{x}:a/b", "quota:{x}5/15", "quota:{x}:slots:",
+		"quota:{x}:in:5", "quota:{x}:in:5/", "quota:{x}:a b:5/15", "quota:{x}::5/15",
 		"quota:{" + strings.Repeat("y", 201) + "}", "quota:{" + long + "}",
 		"quota:{" + strings.Repeat("y", 184) + "~0123456789ABCDEF}", "quota:{" + strings.Repeat("y", 185) + "~0123456789abcde}",
 	} {
@@ -618,7 +620,7 @@ func TestList(t *testing.T) {
 	if !slices.Equal(gotNames, names) {
 		t.Errorf("quotactl list -json: %d buckets not shortened; want the %d made, in order: %q ...", len(got), len(names), gotNames[:min(len(gotNames), 12)])
 	}
-	if len(shortened) != 1 || len(shortened[0].Name) != maxName+1 || !strings.HasPrefix(shortened[0].Name, long[:184]+"~") {
+	if len(shortened) != 1 || len(shortened[0].Name) != store.MaxNameLen+1 || !strings.HasPrefix(shortened[0].Name, long[:184]+"~") {
 		t.Errorf("quotactl list -json: shortened %+v; want the long name's first bytes and a digest", shortened)
 	}
 	if !strings.Contains(out, `"shortened":true`) || strings.Count(out, `"shortened"`) != 1 {

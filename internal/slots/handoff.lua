@@ -1,11 +1,12 @@
--- take runs the take t (the bucket script's KEYS and ARGV, and the
--- deadline it counts down to, if any) and returns its grant, "" when the
--- bucket script failed: the holder then takes its tokens itself.
+-- take runs the take t (its KEYS and ARGV, and the deadline it counts
+-- down to, if any) and returns its grant, "" when the take failed: the
+-- holder then takes its tokens itself. The take's ARGV[2] is its clock,
+-- ARGV[5] its longest wait (script.lua).
 local function take(t)
   local argv = t.argv
-  argv[4] = ARGV[5] -- the clock of this call
+  argv[2] = ARGV[5] -- the clock of this call
   if t.deadline then
-    argv[3] = string.format('%d', math.max(tonumber(t.deadline) - now, 0))
+    argv[5] = string.format('%d', math.max(tonumber(t.deadline) - now, 0))
   end
   local ok, r = pcall(bucket, t.keys, argv)
   if not ok or type(r) == 'table' and r.err then

@@ -22,6 +22,7 @@ func (s *Slots) AcquireLocal(ctx context.Context, name, key string, n, share int
 		set.held[id] = &holder{inUse: true}
 		s.mu.Unlock()
 		s.renew(set, s.lease/4)
+		s.holdNow(set)
 		return set, id, nil
 	}
 	if try {
@@ -37,6 +38,7 @@ func (s *Slots) AcquireLocal(ctx context.Context, name, key string, n, share int
 			return nil, "", ErrAgain
 		}
 		s.renew(set, s.lease/4)
+		s.holdNow(set)
 		return set, id, nil
 	case <-ctx.Done():
 		s.mu.Lock()
@@ -63,12 +65,30 @@ func (s *Slots) HoldOpen(name, key string, n int) (*Set, string) {
 	set.held[id] = &holder{inUse: true}
 	s.mu.Unlock()
 	s.renew(set, s.lease/4)
+	s.holdNow(set)
 	return set, id
+}
+
+// holdNow holds set's slots in use in Redis at once while Redis answers
+// again before the fleet resumes the shared slots (see answering): the
+// Limiters of the fleet each hold theirs again as they resume, and one
+// that resumes a moment before another would otherwise be granted shared
+// slots beside those the other's policy granted meanwhile.
+func (s *Slots) holdNow(set *Set) {
+	if !s.answering.Load() {
+		return
+	}
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
+		defer cancel()
+		_, _, _ = s.renewOnce(ctx, set)
+	}()
 }
 
 // Shared sends the callers waiting for a slot of a share to Redis, which
 // answers again: they fail with ErrAgain.
 func (s *Slots) Shared() {
+	s.answering.Store(false)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, set := range s.m {

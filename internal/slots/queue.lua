@@ -1,9 +1,10 @@
--- classOf returns the priority class of the take t (nil: 0), which its
--- bucket ARGV[2] names after "@", before the tenant it may name after "|"
--- (see script.lua).
+-- classOf returns the priority class of the take t (nil: 0): its first
+-- caller's, ARGV[6], in the forms that name one (see script.lua).
 local function classOf(t)
-  local c = t and t.argv and t.argv[2] and string.match(string.match(t.argv[2], '^[^|]*'), '@([1-7])')
-  return tonumber(c) or 0
+  if t and t.argv and (t.argv[3] == 'class' or t.argv[3] == 'tenant') then
+    return tonumber(t.argv[6]) or 0
+  end
+  return 0
 end
 
 -- entry returns the queue's entry for id, a waiter of class c.

@@ -148,7 +148,9 @@ func (s *Slots) Missed() {
 // Register renews every set's leases now, and so holds in Redis again the
 // slots in use here that it does not hold: those the policy granted while
 // Redis was unavailable, and those Redis lost meanwhile. The Limiter
-// calls it once Redis answers, before the fleet resumes the shared slots.
+// calls it once Redis answers, before the fleet resumes the shared slots;
+// until they resume (Shared), a slot the policy grants is held in Redis at
+// once.
 func (s *Slots) Register(ctx context.Context) error {
 	s.mu.Lock()
 	sets := make([]*Set, 0, len(s.m))
@@ -156,8 +158,10 @@ func (s *Slots) Register(ctx context.Context) error {
 		sets = append(sets, set)
 	}
 	s.mu.Unlock()
+	s.answering.Store(true) // a slot granted from now on is held at once
 	for _, set := range sets {
 		if _, _, err := s.renewOnce(ctx, set); err != nil {
+			s.answering.Store(false)
 			return err
 		}
 	}

@@ -101,6 +101,11 @@ type Slots struct {
 	// under way: Flush waits for them.
 	sends pending.Count
 
+	// answering is set while Redis answers again and the fleet has yet to
+	// resume the shared slots (from Register until Shared): a slot the
+	// policy grants meanwhile is held in Redis at once (holdNow).
+	answering atomic.Bool
+
 	mu sync.Mutex
 	m  map[string]*Set // by the bucket's key
 }
@@ -112,8 +117,9 @@ type Options struct {
 	Lease   time.Duration    // of each slot and each waiter
 	Logger  *slog.Logger     // for the slots Redis lost; nil: none
 	Told    Events           // what the slots do, for the metrics
-	// Bucket is the bucket script's source (internal/store), which the
-	// slot operations run to take a caller's tokens with its slot.
+	// Bucket is the source of the take's script (internal/store's
+	// TakeSource: the take's parts alone), which the slot operations run
+	// to take a caller's tokens with its slot.
 	Bucket string
 	// Rejoin is how long after the Limiter listens again its waiters
 	// renew (see Missed): long enough for every Limiter to have found
@@ -121,19 +127,18 @@ type Options struct {
 	Rejoin time.Duration
 }
 
-// A Take is a caller's tokens, asked for with its slot: the bucket
-// script's KEYS and ARGV of a take. With Deadline set, the take's longest
-// wait is the caller's deadline: a hand-off counts it down.
+// A Take is a caller's tokens, asked for with its slot: the KEYS and ARGV
+// of the take's script (internal/store's TakeCall). With Deadline set, the
+// take's longest wait is the caller's deadline: a hand-off counts it down.
 type Take struct {
 	Keys     []string
 	Args     []any
 	Deadline bool
 }
 
-// Taken is the bucket script's reply to a Take, its integers in order; nil
-// when a slot came without its tokens (none were asked for, the bucket
-// script failed, or the grant of a hand-off was lost), which its holder
-// then takes itself.
+// Taken is the take's reply to a Take, its integers in order; nil when a
+// slot came without its tokens (none were asked for, the take failed, or
+// the grant of a hand-off was lost), which its holder then takes itself.
 type Taken []int64
 
 // Events are told what the slots do, for the metrics. Each may be nil.
@@ -227,11 +232,11 @@ func New(rdb redis.Scripter, events *redisx.Listener, o Options) *Slots {
 	}
 }
 
-// Source returns the slot script's source around the bucket script's
-// source bucket, which it runs as the function bucket(KEYS, ARGV).
+// Source returns the slot script's source around the take's source
+// bucket, which it runs as the function bucket(KEYS, ARGV).
 func Source(bucket string) string {
 	if bucket == "" {
-		bucket = "return redis.error_reply('quota: no bucket script')"
+		bucket = "return redis.error_reply('quota: no take script')"
 	}
 	return "local function bucket(KEYS, ARGV)\n" + bucket + "\nend\n" + slotsSource
 }

@@ -7,9 +7,10 @@
 -- and announces it, so that nobody polls.
 --
 -- A caller asks for its slot and its tokens in one call: the script runs
--- the bucket script (internal/store), which the slots package puts before
--- this source as the function bucket(KEYS, ARGV), to take the tokens when
--- the slot is granted. A caller that queues leaves its take with its id,
+-- the take's script (internal/store's script.lua, with the parts it is
+-- made of and nothing else), which the slots package puts before this
+-- source as the function bucket(KEYS, ARGV), to take the tokens when the
+-- slot is granted. A caller that queues leaves its take with its id,
 -- and the release that hands it the slot takes its tokens then, so that
 -- its grant is as fresh as the slot's and costs it no call of its own.
 --
@@ -19,13 +20,13 @@
 -- KEYS[3]   the queue: a list of the waiters' ids, the highest priority
 --           class first and each class in order of arrival; the id of a
 --           waiter of class c above 0 followed by "@c" (the class of its
---           take, see script.lua). An id no longer among the waiters
+--           take). An id no longer among the waiters
 --           (cancelled, or its lease ended) is skipped when it reaches the
 --           head.
--- KEYS[4]   the takes: a hash of the waiters' takes by id, each the bucket
---           script's KEYS and ARGV in JSON, and once a slot is handed, the
---           grant its take got, until its holder hears of it.
--- KEYS[5..] acquire and try: the bucket script's KEYS for the take.
+-- KEYS[4]   the takes: a hash of the waiters' takes by id, each the take's
+--           KEYS and ARGV in JSON, and once a slot is handed, the grant
+--           its take got, until its holder hears of it.
+-- KEYS[5..] acquire and try: the take's KEYS.
 -- ARGV[1]   operation: "acquire", "try", "release", "cancel" or "renew".
 -- ARGV[2]   n, the slots the bucket has (>= 1).
 -- ARGV[3]   the lease, in microseconds.
@@ -40,17 +41,16 @@
 -- Then the operation's own, from x = 7 + r:
 --   acquire, try  ARGV[x] the id; ARGV[x+1] "1" when the take's longest
 --           wait is the caller's deadline, which a hand-off later counts
---           down, "0" otherwise; ARGV[x+2..] the take's ARGV for the
---           bucket script, none for a slot alone.
+--           down, "0" otherwise; ARGV[x+2..] the take's ARGV (see
+--           script.lua), none for a slot alone.
 --   release, cancel  any number of ids.
 --   renew   a and b, then ids: the first a the caller holds and uses (its
 --           request may be at the provider), the next b it holds and has
 --           not used yet, the rest it waits for.
 --
--- A grant is the bucket script's reply to the take, its integers joined
--- by commas: "0" for granted without a wait, otherwise granted (1, or 0
--- when the wait would exceed the caller's and nothing was taken), wait,
--- the layers' tats and the pause (see script.lua).
+-- A grant is the take's reply, its integers joined by commas: "0" for
+-- granted without a wait, otherwise its outcome, wait, the layers' tats
+-- and positions, and the timeline's count (see script.lua).
 --
 -- Replies:
 --   acquire  {1, 0, grant} when a slot was free and nobody waits: the id

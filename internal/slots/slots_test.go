@@ -97,17 +97,17 @@ func TestRenewQueuesALapsedWaiterAtTheEnd(t *testing.T) {
 // TestHandOffRunsTheWaitersTake: a waiter leaves its take with its id, and
 // the release that hands it its slot runs it, with its deadline counted
 // down to the hand-off; the announcement carries the grant, and so does a
-// renewal, should the announcement be lost. A stub of the bucket script
+// renewal, should the announcement be lost. A stub of the take's script
 // counts the tokens it is asked for and replies the longest wait it was
-// given.
+// given (script.lua's ARGV[6] and ARGV[5], for a plain take of one layer).
 func TestHandOffRunsTheWaitersTake(t *testing.T) {
 	srv := redistest.Start(t)
 	rdb := srv.Client(t)
 	ctx := context.Background()
 	key := "quota:{handoff}"
 	keys := []string{key + HeldSuffix, key + WaitingSuffix, key + QueueSuffix, key + TakesSuffix}
-	stub := `redis.call('INCRBY', KEYS[1], ARGV[2])
-return {1, tonumber(ARGV[3]), 7, 0, 0}`
+	stub := `redis.call('INCRBY', KEYS[1], ARGV[6])
+return {1, tonumber(ARGV[5]), 7, 0, 0}`
 	script := redisx.NewScript(rdb, Source(stub))
 	const channel = "handoffs"
 	sub := srv.Client(t).Subscribe(ctx, channel)
@@ -133,7 +133,7 @@ return {1, tonumber(ARGV[3]), 7, 0, 0}`
 			if deadline {
 				d = "1"
 			}
-			args = append(args, d, "take", n, wait, "")
+			args = append(args, d, "take", "", "plain", "", wait, n, 1000, 10)
 			call = append(slices.Clip(keys), "quota:{handoff}:tokens")
 		}
 		cmd, _ := script.Run(ctx, call, args...)
@@ -185,7 +185,7 @@ return {1, tonumber(ARGV[3]), 7, 0, 0}`
 }
 
 // The queue serves the higher priority classes first, each first come,
-// first served: a waiter's class is its take's (script.lua's "n@c"). A
+// first served: a waiter's class is its take's (script.lua's ARGV[6]). A
 // waiter that cancels leaves its class's place.
 func TestQueueByClass(t *testing.T) {
 	rdb := redistest.Start(t).Client(t)
@@ -207,7 +207,7 @@ func TestQueueByClass(t *testing.T) {
 			return
 		}
 		// A take of 1 token of class class from a bucket of 1000/s.
-		run("acquire", id, "0", "take", fmt.Sprintf("1@%d", class), "1000000", "", 1000, 10, 0)
+		run("acquire", id, "0", "take", "", "class", "", "1000000", class, "", 1, 1000, 10)
 	}
 	queue := func() string {
 		t.Helper()

@@ -60,13 +60,13 @@ func TestBatchEqualsTakesOneAfterAnother(t *testing.T) {
 					t.Fatal(err)
 				}
 				got := qs[i].g
-				if got.Granted != want.Granted || got.Wait != want.Wait || fmt.Sprint(got.Tats) != fmt.Sprint(want.Tats) {
+				if got.Outcome != want.Outcome || got.Wait != want.Wait || fmt.Sprint(got.Tats) != fmt.Sprint(want.Tats) {
 					t.Errorf("take %d of %v: batched %+v, alone %+v", i+1, sp.n, got, want)
 				}
 				if got.Size != len(qs) || got.Trips != 1 {
 					t.Errorf("take %d: size %d, %d trips; want %d and 1", i+1, got.Size, got.Trips, len(qs))
 				}
-				if !got.Granted {
+				if !got.Granted() {
 					refused++
 				}
 			}

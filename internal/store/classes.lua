@@ -1,4 +1,6 @@
--- quota's bucket script, continued (see script.lua): priority classes and their minimum shares.
+-- quota's bucket scripts, continued (see core.lua): priority classes and
+-- their minimum shares.
+--
 -- Priority classes. A take may name a class, 1 to 7; one that names none
 -- is class 0. A take of class c is served before every grant of a lower
 -- class that is not yet due: it queues behind the classes c and above
@@ -33,102 +35,154 @@
 -- share's time is class j's, and a caller of a higher class that queued
 -- behind it would take from it.
 local commit = 100000 -- µs
-local pmax = tonumber(f[8]) or 0
-local function sfx(i)
-  return string.sub(KEYS[i], #KEYS[1] + 1)
-end
 -- tails[c][i], c = 1 ... pmax, and pushes[c][i], c = 0 ... pmax - 1, are
 -- read when an operation first needs them; nil: none (read them with
--- loadClasses first).
-local tails, pushes
+-- loadClasses first). clocks: the push clocks read or moved so far, by
+-- field.
+local tails, pushes, clocks
 local classesDirty = false
--- clocks: the push clocks read or moved so far, by field (see shares).
-local clocks = {}
-local function clockField(c, i)
-  return 'q' .. c .. ':' .. sfx(i)
-end
-local function clock(c, i)
-  local field = clockField(c, i)
-  if not clocks[field] then
-    clocks[field] = tonumber(redis.call('HGET', ctl, field)) or -math.huge
-  end
-  return math.max(clocks[field], now - commit)
-end
-local function loadClasses(upto)
-  if not tails then
-    tails, pushes = {}, {}
-    for c = 0, pmax do
-      tails[c], pushes[c] = {}, {}
+local loadClasses, clockField, pushClock, moveTails, saveClasses, pushList, push, announcePushes
+-- They are made for a call on a bucket that priority classes took from,
+-- or one that uses them (core.lua's uses): a call that needs none makes
+-- none.
+if pmax > 0 or uses ~= 'plain' then
+  clocks = {}
+  -- loadClasses reads the tails and push counts, and makes room for the
+  -- classes up to upto.
+  function loadClasses(upto)
+    if not tails then
+      tails, pushes = {}, {}
+      for c = 0, pmax do
+        tails[c], pushes[c] = {}, {}
+        for i = 1, k do
+          if c > 0 then
+            tails[c][i] = tonumber(redis.call('HGET', ctl, 't' .. c .. ':' .. sfx(i)))
+          end
+          if c < pmax then
+            pushes[c][i] = tonumber(redis.call('HGET', ctl, 'p' .. c .. ':' .. sfx(i))) or 0
+          end
+        end
+      end
+    end
+    for c = pmax + 1, upto do
+      tails[c] = {}
+      pushes[c - 1] = pushes[c - 1] or {}
       for i = 1, k do
-        if c > 0 then
-          tails[c][i] = tonumber(redis.call('HGET', ctl, 't' .. c .. ':' .. sfx(i)))
+        pushes[c - 1][i] = pushes[c - 1][i] or 0
+      end
+      pmax, classesDirty = c, true
+    end
+  end
+  function clockField(c, i)
+    return 'q' .. c .. ':' .. sfx(i)
+  end
+  -- pushClock returns the push clock of class c in layer i (see Minimum
+  -- shares).
+  function pushClock(c, i)
+    local field = clockField(c, i)
+    if not clocks[field] then
+      clocks[field] = tonumber(redis.call('HGET', ctl, field)) or -math.huge
+    end
+    return math.max(clocks[field], now - commit)
+  end
+  -- moveTails sets each tail of layer i to g(tail), as a pause or a
+  -- give-back moves the layer's queue.
+  function moveTails(i, g)
+    loadClasses(0)
+    for c = 1, pmax do
+      local t = tails[c][i]
+      if t then
+        local v = g(t)
+        if v ~= t then
+          tails[c][i], classesDirty = v, true
+        end
+      end
+    end
+  end
+  -- saveClasses writes the tails and push counts back, and the highest
+  -- class, when they changed.
+  function saveClasses()
+    if not classesDirty then
+      return
+    end
+    local h = {'pmax', pmax}
+    for c = 0, pmax do
+      for i = 1, k do
+        if c > 0 and tails[c][i] then
+          h[#h + 1], h[#h + 2] = 't' .. c .. ':' .. sfx(i), string.format('%d', math.ceil(tails[c][i]))
         end
         if c < pmax then
-          pushes[c][i] = tonumber(redis.call('HGET', ctl, 'p' .. c .. ':' .. sfx(i))) or 0
+          h[#h + 1], h[#h + 2] = 'p' .. c .. ':' .. sfx(i), string.format('%d', math.floor(pushes[c][i] + 0.5))
         end
       end
     end
-  end
-  for c = pmax + 1, upto do
-    tails[c] = {}
-    pushes[c - 1] = pushes[c - 1] or {}
-    for i = 1, k do
-      pushes[c - 1][i] = pushes[c - 1][i] or 0
-    end
-    pmax, classesDirty = c, true
-  end
-end
--- moveTails sets each tail of layer i to g(tail), as a pause or a
--- give-back moves the layer's queue.
-local function moveTails(i, g)
-  if pmax == 0 then
-    return
-  end
-  loadClasses(0)
-  for c = 1, pmax do
-    local t = tails[c][i]
-    if t then
-      local v = g(t)
-      if v ~= t then
-        tails[c][i], classesDirty = v, true
+    for field, v in pairs(clocks) do
+      if v > -math.huge then
+        h[#h + 1], h[#h + 2] = field, string.format('%d', math.ceil(v))
       end
     end
+    redis.call('HSET', ctl, unpack(h))
   end
-end
--- saveClasses writes the tails and push counts back, and the highest class.
-local function saveClasses()
-  if not classesDirty then
-    return
-  end
-  local h = {'pmax', pmax}
-  for c = 0, pmax do
-    for i = 1, k do
-      if c > 0 and tails[c][i] then
-        h[#h + 1], h[#h + 2] = 't' .. c .. ':' .. sfx(i), string.format('%d', math.ceil(tails[c][i]))
+  -- push takes d (µs at layer i's rate) for a take of class c that
+  -- queues at from (a tat), from a layer whose queue, q, runs past the
+  -- commit point: the grants of each lower class due past it move d later,
+  -- which its count adds in positions (d / scale), and so do the push
+  -- clocks of the classes with a minimum share (shares). It returns the
+  -- take's tat and the layer's.
+  function push(i, c, from, d, q, shares, scale)
+    local v = math.max(from, now) + d
+    for lower = 0, c - 1 do
+      local t = q
+      if lower > 0 then
+        t = tails[lower][i] or now
       end
-      if c < pmax then
-        h[#h + 1], h[#h + 2] = 'p' .. c .. ':' .. sfx(i), string.format('%d', math.floor(pushes[c][i] + 0.5))
+      if t > now + fulls[i] + commit then
+        t = t + d
+        pushes[lower][i] = pushes[lower][i] + d / scale
+        local m = shares[lower]
+        if m and m > 0 and m < 1 then
+          clocks[clockField(lower, i)] = pushClock(lower, i) + d / (1 - m)
+        end
+      else
+        t = math.max(t, v)
+      end
+      if lower == 0 then
+        q = t
+      else
+        tails[lower][i] = t
       end
     end
+    return v, q
   end
-  for field, v in pairs(clocks) do
-    if v > -math.huge then
-      h[#h + 1], h[#h + 2] = field, string.format('%d', math.ceil(v))
+  -- announcePushes records when the latest push was, and announces the
+  -- push counts on channel ("" for none): "p", when, each class's push
+  -- counts in each layer as "<class>:<suffix>=<us>", a newline, then the
+  -- bucket's key. The callers asleep in the lower classes go later.
+  function announcePushes(channel)
+    redis.call('HSET', ctl, 'pt', string.format('%d', now))
+    if channel == '' then
+      return
     end
+    local parts = {'p', string.format('%d', now)}
+    for lower = 0, pmax - 1 do
+      for i = 1, k do
+        parts[#parts + 1] = lower .. ':' .. sfx(i) .. '=' .. string.format('%d', math.floor(pushes[lower][i] + 0.5))
+      end
+    end
+    -- pcall: the announcement, known only once the take is written, is
+    -- lost rather than the take failed when the user may not publish;
+    -- the sleepers read the record again in time.
+    redis.pcall('PUBLISH', channel, table.concat(parts, ' ') .. '\n' .. KEYS[1])
   end
-  redis.call('HSET', ctl, unpack(h))
-end
--- pushList returns every class's push counts, class 0's first, k each.
-local function pushList()
-  local t = {}
-  if pmax == 0 then
+  -- pushList returns every class's push counts, class 0's first, k each.
+  function pushList()
+    local t = {}
+    loadClasses(0)
+    for c = 0, pmax - 1 do
+      for i = 1, k do
+        t[#t + 1] = math.floor(pushes[c][i] + 0.5)
+      end
+    end
     return t
   end
-  loadClasses(0)
-  for c = 0, pmax - 1 do
-    for i = 1, k do
-      t[#t + 1] = math.floor(pushes[c][i] + 0.5)
-    end
-  end
-  return t
 end

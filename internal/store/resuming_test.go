@@ -32,7 +32,7 @@ func TestResumingHoldsEveryTake(t *testing.T) {
 		t.Fatal(err)
 	}
 	g, err := s.takeOne(ctx, b, Tokens(1), time.Hour)
-	if err != nil || g.Granted || !g.Resuming {
+	if err != nil || g.Outcome != Resuming {
 		t.Fatalf("a take before the instant: %+v, %v; want held for the resume", g, err)
 	}
 	qs := []*queuedTake{{ctx: ctx, n: Tokens(1), maxWait: time.Hour}, {ctx: ctx, n: Tokens(2), maxWait: 0}}
@@ -40,7 +40,7 @@ func TestResumingHoldsEveryTake(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i, q := range qs {
-		if q.g.Granted || !q.g.Resuming {
+		if q.g.Outcome != Resuming {
 			t.Errorf("batched take %d before the instant: %+v, want held for the resume", i+1, q.g)
 		}
 	}
@@ -48,12 +48,12 @@ func TestResumingHoldsEveryTake(t *testing.T) {
 		t.Errorf("%d layer keys after the held takes, want none: they took nothing", n)
 	}
 	now.Add(int64(300 * time.Millisecond)) // past the earlier instant, before the later
-	if g, _ := s.takeOne(ctx, b, Tokens(1), time.Hour); !g.Resuming {
+	if g, _ := s.takeOne(ctx, b, Tokens(1), time.Hour); g.Outcome != Resuming {
 		t.Errorf("a take between the instants: %+v, want held: the later stands", g)
 	}
 	now.Add(int64(200 * time.Millisecond))
 	g, err = s.takeOne(ctx, b, Tokens(5), 0)
-	if err != nil || !g.Granted || g.Resuming {
+	if err != nil || !g.Granted() {
 		t.Errorf("a take at the instant: %+v, %v; want the whole burst granted at once", g, err)
 	}
 	if ttl, _ := rdb.PTTL(ctx, b.Call[len(b.Call)-1]).Result(); ttl <= 0 {

@@ -1,272 +1,300 @@
--- quota: one bucket in Redis, its token layers and its control record,
--- read and changed in one call. The script is this file and, joined after
--- it in this order (internal/store's sourceParts), classes.lua,
--- timeline.lua, record.lua, tenants.lua, take.lua and layers.lua.
---
--- A layer is kept as a single number, its theoretical arrival time (tat):
--- the instant, in microseconds, at which the layer would be full again. At
--- time now it holds burst - (tat - now) * rate tokens, so tokens can run into
--- debt: a take always succeeds when its wait is acceptable, moves tat forward
--- and tells the caller how long to sleep until its tokens have accrued. Later
--- callers queue behind it, first come, first served, with one call each.
---
--- A bucket may obey several limits at once (10 a second and 300 a minute):
--- one key per layer, all in the bucket's hash slot, checked and taken
--- together, all or nothing.
---
--- A bucket may also meter several things at once, one layer each: a
--- request then takes its own amount from each, all or nothing, with the
--- wait of the slowest.
---
--- The control record, a hash beside the layers, holds what changes how the
--- bucket is taken, whoever set it:
---   rate, burst   the operator's override of the first layer's Limit;
---                 every operation computes with it in place of the Limit
---                 its caller passes;
---   since, until  the bucket's pause, one for every source: when it began
---                 and when it ends, microseconds, "forever" until a
---                 resume; a pause whose until has passed is over;
---   shifted       how far the pause has moved the layers' queues so far;
---   src           who set the pause's end: "provider" or "operator";
---   resume        after an outage, the instant (us) the fleet leaves its
---                 local shares: no take is granted before it;
---   a:<sfx>, ev   the timeline of the layer whose key ends in sfx (""
---                 for the first), and how many times a timeline moved
---                 (see timeline);
---   pmax          the highest priority class that took from the bucket;
---   t<c>:<sfx>    class c's tail in the layer whose key ends in sfx (""
---                 for the first): the tat of the queue of the classes c
---                 and above, for c = 1 ... pmax (class 0's is the layer's
---                 own tat, which counts every class);
---   p<c>:<sfx>    how far takes of higher classes have pushed class c's
---                 grants in that layer back so far, in positions (see
---                 timeline), c = 0 ... pmax-1;
---   pt            when the latest push was, µs (see commit);
---   q<c>:<sfx>    the push clock of class c in that layer, µs, for a class
---                 given a minimum share (see shares);
---   fv, f:<tenant>
---                 the virtual time of the bucket's tenants, and each
---                 tenant's "<finish> <weight> <waiting until> <asked last>" (see
---                 tenants);
---   seen          the first layer's Limit the Limiters last passed,
---                 "<rate> <burst>"; layers, the further layers' key
---                 suffixes; u:<id>, a Limiter that used the bucket lately,
---                 until when (ms); users, how many u: fields the last
---                 sweep left.
+-- quota: the take. This script takes tokens from a bucket for one caller,
+-- or for several at once (a batch), each granted or refused on its own.
+-- It is core.lua, classes.lua, timeline.lua, tenants.lua and this body,
+-- joined in that order after the prelude (internal/store's scripts.go);
+-- core.lua describes the bucket and its record.
 --
 -- KEYS[1..k]  the layers' keys, the first layer's being the bucket's key.
 -- KEYS[k+1]   the control record.
--- KEYS[k+2]   adjust only: the ids of the settles applied lately, a sorted
---             set scored by when each may be forgotten (ms).
--- ARGV[1]     operation. On the layers: "take", "refund", "probe",
---             "pause", "lower", "adjust", "resuming"; on the record:
---             "read", "status",
---             "limit", "clear", "hold" (an operator's pause) and "resume".
--- ARGV[4]     now in microseconds, or "" to use the server's clock (TIME).
+-- ARGV[1]     "take".
+-- ARGV[2]     now in microseconds, or "" to use the server's clock.
+-- ARGV[3]     form (core.lua's uses): what each caller's ARGV hold,
+--             "plain", "class" or "tenant" (see below).
+-- ARGV[4]     the channel that announces the takes' pushes (see
+--             classes.lua), or "" for none.
+-- ARGV[5...]  the callers, each in as many ARGV as its form has
+--             (stride), caller c's from x = 5 + (c-1) x stride:
+--   ARGV[x]     its longest wait, in microseconds;
+--   forms class and tenant:
+--   ARGV[x+1]   its priority class, 0 to 7 (see classes.lua);
+--   ARGV[x+2]   the minimum shares of the classes, from class 0 up,
+--               separated by spaces, 0 for none; "" for none at all
+--               (see classes.lua's Minimum shares);
+--   form tenant:
+--   ARGV[x+3]   the tenant it is for (see tenants.lua);
+--   ARGV[x+4]   the tenant's weight, > 0; 0 for a caller for no tenant;
+--   ARGV[x+5]   the most tenants the bucket keeps apart, of which this
+--               one is not sure to be one; 0 for one that always is;
+--   then, in its last k ARGV, the tokens it takes from each layer, >= 0.
+-- The last 2k ARGV, after the callers: the layers' Limits (core.lua).
 --
--- The layer operations:
--- ARGV[2]     take, refund: n, the tokens to take or hand back (> 0);
---             or, for a bucket whose layers meter different things
---             (requests, input tokens, output tokens), one amount per
---             layer separated by spaces, each >= 0 (see amounts); either
---             followed by "@" and the take's priority class, 1 to 7,
---             when it is above 0 (see classes), and then, when classes
---             below it have minimum shares, ":" and the share of each
---             class from 0 up, "0" for none (see shares); then, for
---             a take or an adjust for a tenant, "|", the tenant's weight
---             (> 0), "|", the most tenants the bucket keeps apart (0:
---             this one always), "|", for an adjust the µs its tenant is
---             charged more (below 0: given back) or nothing, "|" and the
---             tenant's name (see tenants);
---             pause: how long, in microseconds, nothing may be granted;
---             resuming: the instant, in microseconds, the fleet leaves
---             its local shares after an outage;
---             lower: the tokens the provider says remain (>= 0), or one
---             number per layer, below zero for a layer it says nothing of;
---             adjust: tokens to take (> 0) or give back (< 0) at once,
---             one number or one per layer.
--- ARGV[3]     take: the longest wait the caller accepts, in microseconds;
---             pause: the channel that announces it, or "" for none;
---             adjust: the settle's id, "" for none.
--- ARGV[3i+2]  layer i's rate, tokens per second (> 0).
--- ARGV[3i+3]  layer i's burst, the tokens it holds (>= n).
--- ARGV[3i+4]  refund: the tat of layer i that the take being cancelled
---             returned; otherwise 0.
--- ARGV[3k+2c+1], ARGV[3k+2c+2]
---             take for several callers at once (a batch): caller c's n and
---             longest wait, for c = 2 ... m; caller 1's are ARGV[2] and
---             ARGV[3]. A take whose ARGV are one more ends with the
---             channel that announces its pushes (see classes).
---
--- The record operations:
--- ARGV[2]     read: "<rate> <burst>" the Limiter passes; limit: the rate;
---             hold: how long in microseconds, or "forever".
--- ARGV[3]     read: the further layers' suffixes; limit: the burst.
--- ARGV[5]     read: the Limiter's id; limit, clear, hold, resume: the
---             channel that announces a change.
---
--- Replies.
---   take:   {granted, wait, tat_1, ..., tat_k, pos_1, ..., pos_k},
---           integers. granted is 1 when the tokens were taken from every
---           layer, in which case wait (us, rounded to the nearest) is how
---           long until they have accrued in all of them, and pos_i the
---           grant's position in layer i (see timeline; 0 without a
---           wait); when the wait would exceed ARGV[3], granted is 0,
---           nothing is taken and wait says how long it would have been, or
---           is -1 while the bucket is paused until a resume, -2 while
---           the fleet has yet to leave its local shares after an outage
---           (resuming), whatever ARGV[3]. The tats (us,
---           rounded down) identify the take for a later refund. granted
---           is 2 for a take refused as it would push a class below its own
---           past that class's minimum share: nothing is taken, and wait is
---           how long until the share has room (see shares); granted
---           is 3 for a take for a tenant that is held: nothing is
---           taken, and wait is how long until it may be admitted, at
---           most fairNap (see tenants). A take
---           granted without a wait replies the integer 0 alone instead: the
---           cheapest reply there is, for the commonest case.
---           A batch serves its callers in order, each from the bucket as
---           the one before it left it, and each granted or refused on its
---           own. It replies the callers' replies one after another, m x
---           (2 + 2k) integers; or the integer 0 alone when every caller was
---           granted without a wait. A reply other than 0 ends with the
---           timeline's count (ev) the takes found, and now; then, on a
---           bucket that
---           priority classes took from, pmax x k more, how far pushes had
---           moved each class's queue in each layer when the call ended,
---           in positions, class 0's first.
---   other layer operations: {1, 0, tats} after the operation;
---   record operations: {now, rate, burst, since, until, seen, users, tat,
---           src, ev, anchors, pushes}, strings, "" for what is absent;
---           anchors the layers' "<at> <pos> <scale>" joined with ","
---           (see timeline); pushes "<pt>" then how far pushes moved each
---           class's queue in each layer, class 0's first, or "" on a
---           bucket no priority class took from; users and tat (the first
---           layer's, as it stands before a pause moved it) for status
---           only.
---
--- refund  hands back what no later take is queued behind;
--- probe   rewrites each layer as it is, to learn whether the server accepts
---         writes;
--- pause, hold
---         grant nothing before now + ARGV[2] (see pauseTo);
--- lower   leaves each layer at most ARGV[2] tokens, never raising it;
--- resuming
---         records in the record's "resume" field the instant the fleet
---         leaves its local shares, the latest it was told;
--- adjust  takes (or gives back) tokens now, without waiting, once per id.
---
--- A layer key expires when its layer is full again: an absent key and a
--- full layer are the same state, so idle buckets cost no memory. The
--- record expires with its pause and its layers (see expire).
-
-local op = ARGV[1]
-local now = clock(ARGV[4]) -- the prelude's (internal/redisx)
-local k = #KEYS - 1
-
--- amounts reads an amount of one per layer, v, as written for a bucket
--- whose layers meter different things: k numbers separated by spaces,
--- none below zero unless signed is set. (An amount for every layer is a
--- plain number, which the callers read with tonumber first: the
--- commonest case allocates nothing.)
-local function amounts(v, signed)
-  local t, i = {}, 0
-  for w in string.gmatch(v, '%S+') do
-    i = i + 1
-    t[i] = tonumber(w)
-    if not t[i] or t[i] < 0 and not signed then
-      return nil
-    end
-  end
-  if i ~= k then
-    return nil
-  end
-  return t
+-- Reply: for each caller, {outcome, wait, tat_1, ..., tat_k, pos_1, ...,
+-- pos_k}, integers, where outcome is one of:
+--   1 granted: the tokens were taken from every layer; wait (us, rounded
+--     to the nearest) is how long until they have accrued in all of
+--     them, and pos_i the grant's position in layer i (see timeline.lua;
+--     0 without a wait);
+--   2 too long: the wait would exceed the caller's; nothing is taken, and
+--     wait is how long it would have been;
+--   3 paused: the bucket is paused until a resume, whatever the caller's
+--     wait; nothing is taken, and wait is 0;
+--   4 resuming: the fleet has yet to leave its local shares after an
+--     outage, whatever the caller's wait; nothing is taken, and wait is 0;
+--   5 crowded: the take would push a class below its own past that
+--     class's minimum share; nothing is taken, and wait is how long until
+--     the share has room (see classes.lua's Minimum shares);
+--   6 held: a take for a tenant that is not admitted; nothing is taken,
+--     and wait is how long until it may be, at most fairNap (see
+--     tenants.lua).
+-- The tats (us, rounded down) identify the take for a later refund. A
+-- batch serves its callers in order, each from the bucket as the one
+-- before it left it, and replies their replies one after another, m x (2
+-- + 2k) integers, then the timeline's count (ev) the takes found, and now;
+-- then, on a bucket that priority classes took from, pmax x k more, how
+-- far pushes had moved each class's queue in each layer when the call
+-- ended, in positions, class 0's first. A call whose callers were all
+-- granted without a wait replies the integer 0 alone instead: the
+-- cheapest reply there is, for the commonest case.
+local GRANTED, TOO_LONG, PAUSED, RESUMING, CROWDED, HELD = 1, 2, 3, 4, 5, 6
+local form, channel = uses, ARGV[4]
+local stride = k + 1
+if form == 'class' then
+  stride = k + 3
+elseif form == 'tenant' then
+  stride = k + 6
+elseif form ~= 'plain' then
+  return redis.error_reply('quota: a take of form ' .. tostring(form))
 end
-if op == 'adjust' then
-  k = k - 1
+local callers = (limits - 4) / stride -- core.lua's limits: the callers' ARGV end there
+if k < 1 or callers < 1 or callers % 1 ~= 0 then
+  return redis.error_reply('quota: a take of ' .. #ARGV .. ' arguments from ' .. k .. ' layers')
 end
-local ctl = KEYS[k + 1]
-local record = op == 'read' or op == 'status' or op == 'limit' or op == 'clear' or op == 'hold' or op == 'resume'
-
-local moved = false
-
--- The pause and the override, as every operation needs them.
-local f = redis.call('HMGET', ctl, 'since', 'until', 'shifted', 'rate', 'burst', 'seen', 'resume', 'pmax')
-local since, untilv, shifted = tonumber(f[1]), f[2], tonumber(f[3]) or 0
--- After an outage, the instant the fleet leaves its local shares
--- (resuming): until then no take is granted, whether or not its Limiter
--- saw the outage.
-local resuming = tonumber(f[7])
-resuming = resuming ~= nil and resuming > now
-local forever = untilv == 'forever'
-local ends = tonumber(untilv) -- nil while forever
-local paused = since ~= nil and (forever or ends > now)
--- origin is the instant the layers are reckoned from: now, or while a
--- pause is in force the point its shifts have moved the queues to (its
--- end, or while it has none the end it had, or its start), before which
--- nothing falls due.
-local function origin()
-  if paused then
-    return since + shifted
-  end
-  return now
-end
-
--- The layers: tats, rates and bursts. r is the reply's {granted, wait,
--- tat_1, ..., tat_k}. The first layer computes with the override when
--- there is one (unless KEYS[1] is a further layer's, updated alone after
--- an outage); a record operation, which is passed no Limits, reads the
--- first layer's from the record and the others' from their keys, which
--- name them, and leaves a layer whose Limit it cannot know as it is.
-local r = {1, 0}
-local rates, fulls = {}, {}
+local queue = {} -- queue[i]: layer i's tat as the takes leave it
 for i = 1, k do
-  local state = redis.call('GET', KEYS[i])
-  local tat = tonumber(state)
-  if not tat then
-    if state then
-      return redis.error_reply('quota: ' .. KEYS[i] .. ' holds something other than a bucket')
+  queue[i] = tats[i]
+end
+
+if form == 'tenant' then
+  for c = 1, callers do
+    local x = 5 + (c - 1) * stride
+    local w = tonumber(ARGV[x + 4])
+    if not w or w < 0 or w == math.huge or w ~= w then
+      return redis.error_reply('quota: a take for a tenant of weight ' .. tostring(ARGV[x + 4]))
     end
-    tat = now
-  end
-  r[i + 2] = tat
-  local rate, burst
-  if i == 1 and f[4] and f[5] and ctl == KEYS[1] .. ':ctl' then
-    rate, burst = tonumber(f[4]), tonumber(f[5])
-  elseif not record then
-    rate, burst = tonumber(ARGV[3 * i + 2]), tonumber(ARGV[3 * i + 3])
-  elseif i == 1 and f[6] then
-    rate, burst = string.match(f[6], '^(%S+) (%S+)$')
-    rate, burst = tonumber(rate), tonumber(burst)
-  elseif i > 1 then
-    rate, burst = string.match(KEYS[i], ':([^:/]+)/([^:/]+)$')
-    rate, burst = tonumber(rate), tonumber(burst)
-  end
-  if rate and burst and rate > 0 then
-    rates[i], fulls[i] = rate, burst / rate * 1000000
+    -- The tenants a batch names all ask now: each waits, for the turns
+    -- of those served before it in the batch (see tenants.lua).
+    if callers > 1 and w > 0 and tonumber(ARGV[x + 1]) == 0 then
+      local e = tenantOf(ARGV[x + 3], w, tonumber(ARGV[x + 5]))
+      e.due = math.max(e.due, now)
+    end
   end
 end
 
--- write sets layer i's tat to v, or deletes its key when v has passed.
--- While a pause with no end is in force, a layer that owes anything
--- beyond the pause's origin keeps it until the resume moves it: its key
--- does not expire meanwhile.
-local function write(i, v)
-  if forever and paused and v > since + shifted then
-    redis.call('SET', KEYS[i], v)
+local reply -- the callers' replies, made for a batch or a caller not granted at once
+if callers > 1 then
+  reply = {}
+end
+local waited, pushed = false, false
+for c = 1, callers do
+  local x = 5 + (c - 1) * stride -- where caller c's ARGV begin
+  local maxWait = tonumber(ARGV[x])
+  if not maxWait then
+    return redis.error_reply('quota: a take with a longest wait of ' .. tostring(ARGV[x]))
+  end
+  local n = {} -- n[i]: what it takes from layer i
+  for i = 1, k do
+    local amount = tonumber(ARGV[x + stride - k - 1 + i])
+    if not amount or amount < 0 then
+      return redis.error_reply('quota: a take of ' .. tostring(ARGV[x + stride - k - 1 + i]) .. ' from layer ' .. i)
+    end
+    n[i] = amount
+  end
+  local class, shares, tenant = 0, nil, nil
+  if form ~= 'plain' then
+    class = tonumber(ARGV[x + 1])
+    if not class or class < 0 or class > 7 or class % 1 ~= 0 then
+      return redis.error_reply('quota: a take of class ' .. tostring(ARGV[x + 1]))
+    end
+  end
+  if class > 0 then
+    loadClasses(class)
+    shares = {} -- shares[j]: class j's minimum share, for j below class
+    local j = 0
+    for m in string.gmatch(ARGV[x + 2], '%S+') do
+      if j < class then
+        shares[j] = tonumber(m)
+      end
+      j = j + 1
+    end
+  end
+  if form == 'tenant' and tonumber(ARGV[x + 4]) > 0 then
+    tenant = tenantOf(ARGV[x + 3], tonumber(ARGV[x + 4]), tonumber(ARGV[x + 5]))
+  end
+  -- A take that would push a class past its minimum share waits until
+  -- the class's push clock is back to now (see classes.lua's Minimum shares).
+  local crowded = -math.huge
+  for j = 0, class - 1 do
+    local m = shares[j]
+    if m and m > 0 and m < 1 then
+      for i = 1, k do
+        local t = queue[i]
+        if j > 0 then
+          t = tails[j][i] or now
+        end
+        if n[i] > 0 and t > now + fulls[i] + commit then
+          crowded = math.max(crowded, pushClock(j, i) - now)
+        end
+      end
+    end
+  end
+  -- from[i]: where the take queues in layer i, as a tat: behind every
+  -- class for class 0; behind the classes at and above its own, and what
+  -- is committed, for a higher class.
+  local from = queue
+  if class > 0 then
+    from = {}
+    for i = 1, k do
+      from[i] = math.max(tails[class][i] or now, math.min(queue[i], now + fulls[i] + commit))
+    end
+  end
+  local longest = -math.huge
+  if paused and ends then
+    longest = ends - now -- nothing falls due before the pause ends
+  end
+  for i = 1, k do
+    local debt = from[i] - now -- refill already promised beyond now
+    if debt < 0 then
+      debt = 0
+    end
+    local wait = debt + n[i] / rates[i] * 1000000 - fulls[i]
+    if wait > longest and n[i] > 0 then -- a layer asked nothing is no bar
+      longest = wait
+    end
+  end
+  local wait = math.floor(longest + 0.5)
+  -- cost: the take's time at the slowest layer's rate, what its tenant
+  -- is charged (see tenants.lua).
+  local cost, admitted, retry = 0, true, 0
+  if tenant then
+    for i = 1, k do
+      cost = math.max(cost, n[i] / rates[i] * 1000000)
+    end
+    if class == 0 and not (forever or resuming) and wait <= maxWait then
+      admitted, retry = admit(tenant, cost, wait)
+    end
+  end
+  local outcome = GRANTED
+  if not admitted then
+    outcome, wait = HELD, retry
+  elseif crowded > 0 and not (forever or resuming) then
+    outcome, wait = CROWDED, math.ceil(crowded)
+  elseif resuming then
+    outcome, wait = RESUMING, 0
+  elseif forever then
+    outcome, wait = PAUSED, 0
+  elseif wait > maxWait then
+    outcome = TOO_LONG
+  elseif longest <= 0 then
+    wait = 0
+  end
+  if outcome ~= GRANTED or wait ~= 0 then
+    reply, waited = reply or {}, true
+  end
+  local o = reply and #reply
+  if reply then
+    reply[o + 1], reply[o + 2] = outcome, wait
+  end
+  if outcome ~= GRANTED then
+    for i = 1, k do
+      reply[o + 2 + i], reply[o + 2 + k + i] = math.floor(from[i]), 0
+    end
+  else
+    -- Each layer counts the tokens from where its own queue has room
+    -- (no sooner than a pause lets it), not from when the slowest layer
+    -- gives them: a layer that could give them sooner holds the grant
+    -- back no further than its own tokens, so that a give-back that
+    -- moves the slowest layer's queue (timeline.lua) moves the grant.
+    -- A layer whose lower classes the take pushes takes them where it
+    -- queues, the commit point, which the pushes are reckoned from.
+    local at = now
+    if paused then
+      at = since + shifted
+    end
+    if tenant then
+      charge(tenant, cost, class, wait)
+    end
+    for i = 1, k do
+      local v = from[i]
+      if n[i] > 0 then
+        local d = n[i] / rates[i] * 1000000
+        if class > 0 and queue[i] > now + fulls[i] + commit then
+          if not anchor then
+            anchor, position = anchorsOf(KEYS, ctl)
+          end
+          v, queue[i] = push(i, class, from[i], d, queue[i], shares, anchor(i).scale)
+          pushed = true
+        else
+          v = math.max(from[i], at) + d
+          queue[i] = math.max(queue[i], v)
+          for lower = 1, class - 1 do
+            tails[lower][i] = v
+          end
+        end
+        if class > 0 then
+          tails[class][i], classesDirty = v, true
+        end
+      end
+      if reply then
+        -- The grant's position (see timeline.lua), for a caller that
+        -- sleeps on it; 0 for one that does not.
+        local p = 0
+        if wait ~= 0 then
+          if not anchor then
+            anchor, position = anchorsOf(KEYS, ctl)
+          end
+          p = math.floor(position(i, math.floor(v) - fulls[i]))
+        end
+        reply[o + 2 + i], reply[o + 2 + k + i] = math.floor(v), p
+      end
+    end
+  end
+end
+-- The layers the takes moved, written back as core.lua's write does
+-- (which a plain take does not make), less what it does while a pause with
+-- no end is in force: every take is refused then.
+for i = 1, k do
+  local v = queue[i]
+  if v == tats[i] then
+    -- unmoved
   elseif v <= now then
     redis.call('DEL', KEYS[i])
   else
     redis.call('SET', KEYS[i], v, 'PX', math.ceil((v - now) / 1000))
   end
 end
-
--- floor returns the earliest tat of layer i while a pause in force ends
--- at ends: at its end the layer holds at most one token.
-local function floor(i, v)
-  if paused and ends and rates[i] then
-    return math.max(v, ends + fulls[i] - math.min(1000000 / rates[i], fulls[i]))
+if fair and fair.dirty then
+  saveFair()
+  if not classesDirty then
+    expire()
   end
-  return v
 end
+if classesDirty then
+  saveClasses()
+  if pushed then
+    announcePushes(channel)
+  end
+  expire()
+end
+if not waited then
+  return 0
+end
+-- The timeline's count the takes found, for the callers that sleep on
+-- their grants (see timeline.lua).
+reply[#reply + 1] = tonumber(redis.call('HGET', ctl, 'ev')) or 0
+reply[#reply + 1] = now
+if pmax > 0 then
+  for _, v in ipairs(pushList()) do
+    reply[#reply + 1] = v
+  end
+end
+return reply

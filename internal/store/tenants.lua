@@ -1,4 +1,5 @@
--- quota's bucket script, continued (see script.lua): tenants.
+-- quota's bucket scripts, continued (see core.lua): tenants.
+--
 -- Tenants. A take may name the tenant it is for, with the tenant's
 -- weight: on a bucket whose queue is full, each tenant with takes waiting
 -- gets rate x weight / (the waiting tenants' weights), and a tenant that
@@ -16,7 +17,7 @@
 --   already given out, which nobody can take back, are never more than
 --   that, so that a tenant that stops leaves its share to the others
 --   within fairQueue.
--- * A take that is not admitted takes nothing and is held (reply 3),
+-- * A take that is not admitted takes nothing and is held (script.lua),
 --   with how long until it may be (its turn, or room in the queue), at
 --   most fairNap: its caller sleeps that long, and up to half as long
 --   again, and asks again. Meanwhile its tenant counts as waiting: until
@@ -40,124 +41,114 @@
 local fairQueue = 250000 -- µs
 local fairNap = 250000 -- µs
 local fairActive = 500000 -- µs a tenant that asked keeps a finish behind fv
-local fair -- {v, t = {tenant = {f, w, due}}, n, dirty}, read by loadFair
-local function loadFair()
-  if fair then
-    return
-  end
-  fair = {v = 0, t = {}, n = 0, gone = {}}
-  local h = redis.call('HGETALL', ctl)
-  for i = 1, #h, 2 do
-    if h[i] == 'fv' then
-      fair.v = tonumber(h[i + 1]) or 0
+local fair -- {v, t = {tenant = {f, w, due, seen}}, n, gone, dirty}, read by loadFair
+local loadFair, saveFair, tenantOf, start, admit, charge
+-- They are made for a call that names a tenant (core.lua's uses).
+if uses == 'tenant' then
+  function loadFair()
+    if fair then
+      return
     end
-  end
-  for i = 1, #h, 2 do
-    if string.sub(h[i], 1, 2) == 'f:' then
-      local fin, w, due, seen = string.match(h[i + 1], '^(%S+) (%S+) (%S+) (%S+)$')
-      fin, w, due, seen = tonumber(fin), tonumber(w), tonumber(due), tonumber(seen)
-      if fin and w and due and seen and (fin > fair.v or due >= now or seen + fairActive >= now) then
-        fair.t[string.sub(h[i], 3)] = {f = fin, w = w, due = due, seen = seen}
-        fair.n = fair.n + 1
-      else
-        fair.gone[#fair.gone + 1] = h[i]
+    fair = {v = 0, t = {}, n = 0, gone = {}}
+    local h = redis.call('HGETALL', ctl)
+    for i = 1, #h, 2 do
+      if h[i] == 'fv' then
+        fair.v = tonumber(h[i + 1]) or 0
       end
     end
-  end
-  fair.dirty = #fair.gone > 0
-end
--- saveFair writes the tenants back.
-local function saveFair()
-  if not (fair and fair.dirty) then
-    return
-  end
-  if #fair.gone > 0 then
-    redis.call('HDEL', ctl, unpack(fair.gone))
-  end
-  local h = {'fv', string.format('%.3f', fair.v)}
-  for name, e in pairs(fair.t) do
-    if e.dirty then
-      h[#h + 1], h[#h + 2] = 'f:' .. name, string.format('%.3f %s %d %d', e.f, e.w, e.due, e.seen)
-    end
-  end
-  redis.call('HSET', ctl, unpack(h))
-end
--- tenantOf returns the tenant entry a take names, made if need be.
-local function tenantOf(name, weight, cap)
-  loadFair()
-  local e = fair.t[name]
-  if not e and cap > 0 and fair.n >= cap then
-    name = ''
-    e = fair.t[name]
-  end
-  if not e then
-    e = {f = -math.huge, w = weight, due = 0, seen = 0}
-    fair.t[name], fair.n = e, fair.n + 1
-  end
-  e.w = weight
-  return e
-end
--- tenantArg splits a take's or an adjust's ARGV[2] into its amounts and
--- what it says of its tenant, when it names one: {name, w, cap, charge}
--- (see the ARGV); it returns nil and an error reply for a bad weight.
-local function tenantArg(arg)
-  local base, w, cap, charge, name = string.match(arg, '^([^|]*)|([^|]*)|([0-9]+)|([0-9e+-]*)|(.*)$')
-  if not base then
-    return arg
-  end
-  w = tonumber(w)
-  if not w or w <= 0 or w == math.huge then
-    return nil, redis.error_reply('quota: a take for a tenant of weight ' .. tostring(w))
-  end
-  return base, {name = name, w = w, cap = tonumber(cap), charge = tonumber(charge) or 0}
-end
--- start returns where the tenant e's next take starts in virtual time:
--- where its last one finished, or where the virtual time stands when
--- that is later and the tenant has not asked for fairActive (a tenant
--- that keeps asking keeps what its settles gave back, one that comes
--- back does not).
-local function start(e)
-  if e.seen + fairActive >= now then
-    return e.f
-  end
-  return math.max(e.f, fair.v)
-end
--- admit decides whether a take of priority 0 that costs c (µs) for the
--- tenant e, whose wait would be wait (µs), is admitted now; when it is
--- not, it also returns how long until it may be.
-local function admit(e, c, wait)
-  local s = start(e)
-  local turn, ahead = true, 0
-  for _, o in pairs(fair.t) do
-    if o ~= e and o.due >= now then
-      local so = start(o)
-      if so < s then
-        turn, ahead = false, ahead + o.w * (s - so)
+    for i = 1, #h, 2 do
+      if string.sub(h[i], 1, 2) == 'f:' then
+        local fin, w, due, seen = string.match(h[i + 1], '^(%S+) (%S+) (%S+) (%S+)$')
+        fin, w, due, seen = tonumber(fin), tonumber(w), tonumber(due), tonumber(seen)
+        if fin and w and due and seen and (fin > fair.v or due >= now or seen + fairActive >= now) then
+          fair.t[string.sub(h[i], 3)] = {f = fin, w = w, due = due, seen = seen}
+          fair.n = fair.n + 1
+        else
+          fair.gone[#fair.gone + 1] = h[i]
+        end
       end
     end
+    fair.dirty = #fair.gone > 0
   end
-  if turn and wait <= fairQueue then
-    return true
-  end
-  -- Room in the queue comes at the rate: the take is due when the queue
-  -- has room and the tenants ahead of it have had theirs.
-  local retry = math.max(wait - fairQueue, 0) + ahead
-  retry = math.max(math.min(math.ceil(retry), fairNap), 1000)
-  e.f, e.due, e.seen, e.dirty, fair.dirty = s, now + math.ceil(retry * 1.5) + 100000, now, true, true
-  return false, retry
-end
--- charge records that the tenant e took c (µs) at priority class, with a
--- wait of wait (µs). A tenant whose next take would find the queue full
--- is saturating the bucket: it counts as waiting until that take would
--- find room, and the time to ask, as the Limiters ask it then (see
--- admit).
-local function charge(e, c, class, wait)
-  local s = start(e)
-  if class == 0 then
-    fair.v, e.due = math.max(fair.v, s), 0
-    if wait > 0 then
-      e.due = now + math.max(wait + c - fairQueue, 0) + 100000
+  -- saveFair writes the tenants back.
+  function saveFair()
+    if not (fair and fair.dirty) then
+      return
     end
+    if #fair.gone > 0 then
+      redis.call('HDEL', ctl, unpack(fair.gone))
+    end
+    local h = {'fv', string.format('%.3f', fair.v)}
+    for name, e in pairs(fair.t) do
+      if e.dirty then
+        h[#h + 1], h[#h + 2] = 'f:' .. name, string.format('%.3f %s %d %d', e.f, e.w, e.due, e.seen)
+      end
+    end
+    redis.call('HSET', ctl, unpack(h))
   end
-  e.f, e.seen, e.dirty, fair.dirty = s + c / e.w, now, true, true
+  -- tenantOf returns the tenant entry a take names, made if need be.
+  function tenantOf(name, weight, cap)
+    loadFair()
+    local e = fair.t[name]
+    if not e and cap > 0 and fair.n >= cap then
+      name = ''
+      e = fair.t[name]
+    end
+    if not e then
+      e = {f = -math.huge, w = weight, due = 0, seen = 0}
+      fair.t[name], fair.n = e, fair.n + 1
+    end
+    e.w = weight
+    return e
+  end
+  -- start returns where the tenant e's next take starts in virtual time:
+  -- where its last one finished, or where the virtual time stands when
+  -- that is later and the tenant has not asked for fairActive (a tenant
+  -- that keeps asking keeps what its settles gave back, one that comes
+  -- back does not).
+  function start(e)
+    if e.seen + fairActive >= now then
+      return e.f
+    end
+    return math.max(e.f, fair.v)
+  end
+  -- admit decides whether a take of priority 0 that costs c (µs) for the
+  -- tenant e, whose wait would be wait (µs), is admitted now; when it is
+  -- not, it also returns how long until it may be.
+  function admit(e, c, wait)
+    local s = start(e)
+    local turn, ahead = true, 0
+    for _, o in pairs(fair.t) do
+      if o ~= e and o.due >= now then
+        local so = start(o)
+        if so < s then
+          turn, ahead = false, ahead + o.w * (s - so)
+        end
+      end
+    end
+    if turn and wait <= fairQueue then
+      return true
+    end
+    -- Room in the queue comes at the rate: the take is due when the queue
+    -- has room and the tenants ahead of it have had theirs.
+    local retry = math.max(wait - fairQueue, 0) + ahead
+    retry = math.max(math.min(math.ceil(retry), fairNap), 1000)
+    e.f, e.due, e.seen, e.dirty, fair.dirty = s, now + math.ceil(retry * 1.5) + 100000, now, true, true
+    return false, retry
+  end
+  -- charge records that the tenant e took c (µs) at priority class, with a
+  -- wait of wait (µs). A tenant whose next take would find the queue full
+  -- is saturating the bucket: it counts as waiting until that take would
+  -- find room, and the time to ask, as the Limiters ask it then (see
+  -- admit).
+  function charge(e, c, class, wait)
+    local s = start(e)
+    if class == 0 then
+      fair.v, e.due = math.max(fair.v, s), 0
+      if wait > 0 then
+        e.due = now + math.max(wait + c - fairQueue, 0) + 100000
+      end
+    end
+    e.f, e.seen, e.dirty, fair.dirty = s + c / e.w, now, true, true
+  end
 end

@@ -75,7 +75,7 @@ func TestTenantsShareByWeight(t *testing.T) {
 							t.Fatal(err)
 						}
 						switch {
-						case g.Granted:
+						case g.Granted():
 							// The caller sleeps on its grant, and its next
 							// request asks then.
 							x.next, head[x.name] = at+g.Wait, nil
@@ -85,7 +85,7 @@ func TestTenantsShareByWeight(t *testing.T) {
 							} else {
 								light++
 							}
-						case g.Held && fair:
+						case g.Outcome == Held && fair:
 							if g.Wait <= 0 || g.Wait > 250*time.Millisecond {
 								t.Fatalf("held for %v, want (0, 250ms]", g.Wait)
 							}
@@ -151,35 +151,35 @@ func TestTenantsEdges(t *testing.T) {
 	bb := Cost{N: 1, Tenant: "b", Weight: 1}
 	// The queue fills to 250 ms: a's 7th take is held for room.
 	for i := range 6 {
-		if g := take(a); !g.Granted || g.Wait != time.Duration(i)*50*time.Millisecond {
+		if g := take(a); !g.Granted() || g.Wait != time.Duration(i)*50*time.Millisecond {
 			t.Fatalf("a's take %d: %+v", i, g)
 		}
 	}
 	g := take(a)
-	if !g.Held || g.Wait != 50*time.Millisecond {
+	if g.Outcome != Held || g.Wait != 50*time.Millisecond {
 		t.Fatalf("a's 7th take, the queue full: %+v, want held for 50ms", g)
 	}
 	// b, which has taken nothing, starts before a: a is held for its turn
 	// even once there is room, and b is admitted.
 	now.Add(int64(40 * time.Millisecond))
-	if g := take(bb); !g.Held {
+	if g := take(bb); g.Outcome != Held {
 		t.Fatalf("b's take with the queue full: %+v, want held", g)
 	}
 	now.Add(int64(20 * time.Millisecond))
-	if g := take(a); !g.Held {
+	if g := take(a); g.Outcome != Held {
 		t.Errorf("a's take, with b waiting and due before it: %+v, want held", g)
 	}
-	if g := take(bb); !g.Granted {
+	if g := take(bb); !g.Granted() {
 		t.Errorf("b's take on its turn: %+v, want granted", g)
 	}
 	// A take of priority 3 is not held, and a's next take of priority 0
 	// waits for the time it was charged.
-	if g := take(Cost{N: 1, Class: 3, Tenant: "b", Weight: 1}); !g.Granted {
+	if g := take(Cost{N: 1, Class: 3, Tenant: "b", Weight: 1}); !g.Granted() {
 		t.Errorf("b's take of priority 3: %+v, want granted", g)
 	}
 	// A refund of a take for a tenant.
 	g = take(Cost{N: 1, Class: 3, Tenant: "a", Weight: 1})
-	if !g.Granted {
+	if !g.Granted() {
 		t.Fatalf("a's take of priority 3: %+v", g)
 	}
 	if err := s.Refund(ctx, b, Cost{N: 1, Class: 3, Tenant: "a", Weight: 1}, g.Tats); err != nil {
@@ -188,7 +188,7 @@ func TestTenantsEdges(t *testing.T) {
 	// The cap: with 2 tenants kept apart, a third is the others.
 	now.Add(int64(10 * time.Second))
 	for _, name := range []string{"x", "y", "z"} {
-		if g := take(Cost{N: 1, Tenant: name, Weight: 1, TenantCap: 2}); !g.Granted && !g.Held {
+		if g := take(Cost{N: 1, Tenant: name, Weight: 1, TenantCap: 2}); !g.Granted() && g.Outcome != Held {
 			t.Fatalf("%s: %+v", name, g)
 		}
 	}
@@ -209,8 +209,8 @@ func TestTenantsEdges(t *testing.T) {
 	if _, err := rdb.HSet(ctx, b.Keys[0]+":ctl", "since", now.Load()/1000, "until", "forever", "shifted", 0).Result(); err != nil {
 		t.Fatal(err)
 	}
-	if g := take(a); g.Granted || g.Held || g.Wait != -time.Microsecond {
-		t.Errorf("a tenant's take under a pause until resumed: %+v, want refused with wait -1", g)
+	if g := take(a); g.Outcome != Paused {
+		t.Errorf("a tenant's take under a pause until resumed: %+v, want paused", g)
 	}
 	// A weight that is no number is an error, not a take.
 	if _, err := s.takeOne(ctx, b, Cost{N: 1, Tenant: "a", Weight: math.Inf(1)}, time.Hour); err == nil {

@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sharedquota/quota/internal/control"
 	"github.com/sharedquota/quota/internal/redistest"
 )
 
@@ -33,7 +32,7 @@ var timelineCases = [][]string{
 
 // TestTimelineAgreesWithTheScript runs each of timelineCases on a real
 // server with a clock of its own and checks, after every step, that the
-// timeline the record replies (control.Anchor, the Go side) puts the
+// timeline the record replies (Anchor, the Go side) puts the
 // bucket's last grant where the script's own queue has it: its due time,
 // the layer's tat less its full time. Right after a take, the position
 // the script replied is the one Go finds from the anchor.
@@ -51,19 +50,17 @@ func TestTimelineAgreesWithTheScript(t *testing.T) {
 			if err := rdb.HSet(ctx, ctl, "seen", "10 1").Err(); err != nil { // as the Limiters' reads write it
 				t.Fatal(err)
 			}
-			read := func() control.Record {
+			read := func() Record {
 				t.Helper()
-				cmd, _ := s.script.Run(ctx, []string{b.Keys[0], ctl}, "read", "10 1", "", s.Now(), "test")
-				r, err := control.Parse(cmd)
+				r, err := s.Record(ctx, b.Keys, RecordOp{Op: "read", ID: "test", Limit: Limit{Rate: 10, Burst: 1}})
 				if err != nil {
 					t.Fatal(err)
 				}
 				return r
 			}
-			record := func(op string, x, y any) {
+			record := func(op RecordOp) {
 				t.Helper()
-				cmd, _ := s.script.Run(ctx, []string{b.Keys[0], ctl}, op, x, y, s.Now(), "")
-				if err := cmd.Err(); err != nil {
+				if _, err := s.Record(ctx, b.Keys, op); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -75,7 +72,7 @@ func TestTimelineAgreesWithTheScript(t *testing.T) {
 					n, _ := strconv.Atoi(f[1])
 					for range n {
 						g, err := s.takeOne(ctx, b, Tokens(1), time.Hour)
-						if err != nil || !g.Granted {
+						if err != nil || !g.Granted() {
 							t.Fatalf("%s: %+v, %v", step, g, err)
 						}
 						if g.Wait > 0 {
@@ -96,18 +93,19 @@ func TestTimelineAgreesWithTheScript(t *testing.T) {
 						t.Fatal(err)
 					}
 				case "hold":
-					arg := f[1]
-					if arg != "forever" {
-						d, _ := time.ParseDuration(arg)
-						arg = strconv.FormatInt(d.Microseconds(), 10)
+					d := Forever
+					if f[1] != "forever" {
+						d, _ = time.ParseDuration(f[1])
 					}
-					record("hold", arg, "")
+					record(RecordOp{Op: "hold", Hold: d})
 				case "resume":
-					record("resume", "", "")
+					record(RecordOp{Op: "resume"})
 				case "limit":
-					record("limit", f[1], f[2])
+					rate, _ := strconv.ParseFloat(f[1], 64)
+					burst, _ := strconv.ParseFloat(f[2], 64)
+					record(RecordOp{Op: "limit", Limit: Limit{Rate: rate, Burst: burst}})
 				case "clear":
-					record("clear", "", "")
+					record(RecordOp{Op: "clear"})
 				case "give":
 					n, _ := strconv.ParseFloat(f[1], 64)
 					if err := s.Adjust(ctx, b, Cost{N: -n}, ""); err != nil {

@@ -1,0 +1,46 @@
+package store
+
+import (
+	"embed"
+	"strings"
+)
+
+// The bucket's scripts, one for each kind of call, each the parts it
+// needs joined in this order after the prelude (see core.lua): the take
+// (script.lua), which every request runs; the other updates of the layers
+// (update.lua); and the control record's operations (record.lua). Each is
+// loaded as a script of its own, so that a take defines nothing that only
+// the others use.
+var (
+	takeParts   = []string{"core.lua", "classes.lua", "timeline.lua", "tenants.lua", "script.lua"}
+	updateParts = []string{"core.lua", "classes.lua", "timeline.lua", "tenants.lua", "update.lua"}
+	recordParts = []string{"core.lua", "classes.lua", "timeline.lua", "record.lua"}
+)
+
+//go:embed *.lua
+var sources embed.FS
+
+var (
+	takeSource   = join(takeParts)
+	updateSource = join(updateParts)
+	recordSource = join(recordParts)
+)
+
+// join returns the parts' sources, joined in order.
+func join(parts []string) string {
+	var b strings.Builder
+	for _, name := range parts {
+		part, err := sources.ReadFile(name)
+		if err != nil {
+			panic(err)
+		}
+		b.Write(part)
+	}
+	return b.String()
+}
+
+// TakeSource returns the take's script, without the prelude, for a
+// script that runs a take inside its own (internal/slots): the source of
+// its parts and nothing else. It reads KEYS and ARGV, and returns its
+// reply.
+func TakeSource() string { return takeSource }
