@@ -157,15 +157,7 @@ func (s *Slots) flush(set *Set) {
 // failed, which leaves their slots to their leases), or with ctx's error.
 // Releases made meanwhile are waited for too.
 func (s *Slots) Flush(ctx context.Context) error {
-	s.mu.Lock()
-	var due []*Set
-	for _, set := range s.m {
-		if len(set.released) > 0 {
-			due = append(due, set)
-		}
-	}
-	s.mu.Unlock()
-	for _, set := range due {
+	for _, set := range s.sets(func(set *Set) bool { return len(set.released) > 0 }) {
 		go s.flush(set)
 	}
 	return s.sends.Wait(ctx)
@@ -195,4 +187,17 @@ func (s *Slots) done(set *Set) {
 		set.users == 0 && s.m[set.key] == set {
 		delete(s.m, set.key)
 	}
+}
+
+// sets returns the sets for which keep reports true, read under s.mu.
+func (s *Slots) sets(keep func(*Set) bool) []*Set {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var sets []*Set
+	for _, set := range s.m {
+		if keep(set) {
+			sets = append(sets, set)
+		}
+	}
+	return sets
 }

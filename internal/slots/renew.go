@@ -126,15 +126,7 @@ func (s *Slots) renewLoop(set *Set, next time.Duration) {
 // to them meanwhile, and queues again those Redis lost, so that a restart
 // does not leave them waiting while callers that came after are served.
 func (s *Slots) Missed() {
-	s.mu.Lock()
-	var sets []*Set
-	for _, set := range s.m {
-		if len(set.waiting) > 0 {
-			sets = append(sets, set)
-		}
-	}
-	s.mu.Unlock()
-	for _, set := range sets {
+	for _, set := range s.sets(func(set *Set) bool { return len(set.waiting) > 0 }) {
 		time.AfterFunc(s.rejoin, func() {
 			ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
 			defer cancel()
