@@ -1,8 +1,9 @@
 # make demo   the fleet demonstration: the problem and the cure (see demo/),
 #             then the same for an LLM API metered on tokens (demo/llm), and
 #             a user's requests jumping a backfill's queue (demo/priority)
-# make test   installs redis-server when missing, lints, runs every test,
-#             the demo's and the Jaeger end-to-end check included
+# make test   installs redis-server, tmux and nginx when missing, lints,
+#             runs every test, the demo's and the Jaeger end-to-end check
+#             included
 # make bench  the benchmarks: quota beside a bare EVALSHA, and beside its peers;
 #             the slots' figures (scripts/slot-figures.sh); then what one call
 #             of the script costs Redis, beside redis_rate's
@@ -29,28 +30,37 @@ STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
 # make test).
 export GOFLAGS := $(strip $(GOFLAGS) -trimpath)
 
-.PHONY: demo test check bench e2e lint redis fuzz soak
+.PHONY: demo test test-packages test-demo check bench e2e lint redis fuzz soak
 
 demo: redis
 	cd demo && $(GO) run . -out ../demo-out
 	cd demo && $(GO) run ./llm -out ../demo-out
 	cd demo && $(GO) run ./priority -out ../demo-out
 
-# The packages' tests run one package after another (-p 1): each starts real
-# redis-server processes and asserts rates and windows, and on two cores a
-# Cluster failing over in one package starves the swarms of another. Inside
-# a package, the tests that wait on real time and assert bounds with margin
-# call t.Parallel and run four at a time; those that measure a latency, an
-# order or the heap run alone, before them. -p 1 would build one package
-# at a time too, so the test binaries are built first, on every core, and
-# not run (-exec true).
+# The root package's tests run first and alone: they start real
+# redis-server processes and assert rates and windows, and on two cores a
+# Cluster failing over elsewhere would starve their swarms. Inside it, the
+# tests that wait on real time and assert bounds with margin call
+# t.Parallel and run four at a time; those that measure a latency, an
+# order or the heap run alone, before them. The rest then run in two
+# lanes side by side (-j2), each lane's output printed whole when it
+# ends: the module's other packages, two at a time; and the benchmarks'
+# short run, the demo's tests, examples/llm's and the Jaeger check. Every
+# test passes with a core kept busy beside it, which each lane is to the
+# other. (Test binaries are linked where they run: building them all
+# first cost 24 s of linking with the packages cached.)
 test: redis lint
-	$(GO) test -race -count=1 -exec true ./... >/dev/null
-	QUOTA_REQUIRE_REDIS=1 $(GO) test -race -count=1 -p 1 -parallel 4 -timeout 15m ./...
-	cd demo && QUOTA_REQUIRE_REDIS=1 $(GO) test -race -count=1 ./...
+	QUOTA_REQUIRE_REDIS=1 $(GO) test -race -count=1 -p 1 -parallel 4 -timeout 15m .
+	$(MAKE) --no-print-directory -j2 --output-sync=target test-packages test-demo
+
+test-packages:
+	QUOTA_REQUIRE_REDIS=1 $(GO) test -race -count=1 -p 2 -timeout 15m ./cmd/... ./internal/... ./llm/... ./status/...
+
+test-demo:
 	cd bench && QUOTA_REQUIRE_REDIS=1 $(GO) test -count=1 ./...
+	cd demo && QUOTA_REQUIRE_REDIS=1 $(GO) test -race -count=1 ./...
 	cd examples/llm && QUOTA_REQUIRE_REDIS=1 $(GO) test -race -count=1 ./...
-	$(MAKE) e2e
+	$(MAKE) --no-print-directory e2e
 
 check: redis
 	@unformatted=$$(gofmt -l .); if [ -n "$$unformatted" ]; then echo "gofmt would change: $$unformatted"; exit 1; fi
@@ -76,6 +86,7 @@ bench: redis
 	GO=$(GO) scripts/slot-figures.sh
 	cd bench && $(GO) run .
 	scripts/script-cost.sh
+	QUOTA_ADAPT_FULL=1 QUOTA_REQUIRE_REDIS=1 $(GO) test -count=1 -v -timeout 20m -run 'TestFleetLearns|TestQuietBesideBusy' ./internal/adapt/
 
 e2e: redis
 	GO=$(GO) STATICCHECK=$(STATICCHECK) scripts/e2e.sh
@@ -87,10 +98,17 @@ lint:
 	cd bench && $(GO) vet ./...
 	cd examples/llm && $(GO) vet ./...
 	GO=$(GO) STATICCHECK=$(STATICCHECK) scripts/staticcheck.sh . demo bench examples/llm
-	@# What a user's build compiles, the library's and the quotactl command's:
-	@# no SDK, no test or example module.
-	@if $(GO) list -deps . ./cmd/quotactl | grep -E '^(go.opentelemetry.io/otel/sdk|github.com/alicebob/miniredis|github.com/hashicorp/go-retryablehttp|github.com/yuin/gopher-lua|github.com/openai/|github.com/anthropics/)'; then \
+	@# What a user's build compiles, the library's, its llm package's and
+	@# the quotactl command's: no SDK, no test or example module.
+	@if $(GO) list -deps . ./llm ./cmd/quotactl | grep -E '^(go.opentelemetry.io/otel/sdk|github.com/alicebob/miniredis|github.com/hashicorp/go-retryablehttp|github.com/yuin/gopher-lua|github.com/openai/|github.com/anthropics/)'; then \
 		echo "the library imports a test-only module"; exit 1; fi
+	@# The terminal UI's modules (bubbletea, lipgloss and theirs), which
+	@# go.mod requires for quotactl top, are the command's alone: the
+	@# library and its packages llm and status compile none of them.
+	@if $(GO) list -deps . ./llm ./status | grep -E '^github.com/(charmbracelet|muesli|lucasb-eyer|erikgeiser|aymanbagabas|xo)/'; then \
+		echo "the library imports a terminal UI module, which only cmd/quotactl may"; exit 1; fi
 
+# The programs the tests start (redis-server and redis-sentinel, tmux,
+# nginx), installed with apt-get when missing.
 redis:
-	@scripts/need-redis.sh
+	@scripts/need.sh redis tmux nginx

@@ -6,20 +6,20 @@ import (
 	"log/slog"
 	"os"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/sharedquota/quota/internal/control"
 	"github.com/sharedquota/quota/internal/redistest"
+	"github.com/sharedquota/quota/internal/store"
 )
 
-// aclLimiter is the ACL rule of a Redis user that may run the package's
-// scripts on its keys and nothing else. The README shows it.
-const aclLimiter = "on >limiter-secret resetkeys ~quota:* resetchannels &quota:* -@all " +
-	"+evalsha +eval +get +set +del +time +zadd +zremrangebyscore +pexpire +zcard +hello " +
-	"+publish +subscribe +ping +zscore +zrem +zrange +rpush +lpop +lrem " +
-	"+hget +hmget +hset +hdel +hgetall +hlen +persist +pttl +zcount +hincrby +hkeys +lrange +linsert"
+// Tests of the Redis ACL a limiter's user needs (the README's ACL line): a
+// least-privilege user serves every call, a Limiter WithClock needs no
+// TIME, and what the ACL refuses is ErrNoPermission, not an outage. They
+// run on real redis-server processes.
 
 // TestREADMEShowsTheACL: the README's ACL line is the one tested.
 func TestREADMEShowsTheACL(t *testing.T) {
@@ -190,12 +190,228 @@ func TestLeastPrivilegeUser(t *testing.T) {
 	}
 }
 
-func splitRule(rule string) []any {
-	var out []any
-	for _, f := range strings.Fields(rule) {
-		out = append(out, f)
+func slogOf(h slog.Handler) *slog.Logger { return slog.New(h) }
+
+// aclServer is a real server with ACL users made for a test.
+type aclServer struct {
+	t     *testing.T
+	srv   *redistest.Server
+	admin *redis.Client
+}
+
+func newACLServer(t *testing.T) *aclServer {
+	srv := redistest.Start(t)
+	return &aclServer{t: t, srv: srv, admin: srv.Client(t)}
+}
+
+// user creates user with rule, which must set its password, and returns a
+// client that logs in as user with pass.
+func (a *aclServer) user(user, rule, pass string) *redis.Client {
+	a.t.Helper()
+	if err := a.admin.Do(context.Background(), append([]any{"ACL", "SETUSER", user}, splitRule(rule)...)...).Err(); err != nil {
+		a.t.Fatalf("ACL SETUSER %s: %v", user, err)
+	}
+	o := limiterOptions(a.srv.Addr())
+	o.Username, o.Password = user, pass
+	rdb := redis.NewClient(o)
+	a.t.Cleanup(func() { rdb.Close() })
+	return rdb
+}
+
+// denied returns what the server's ACL log holds against user.
+func (a *aclServer) denied(user string) []string {
+	a.t.Helper()
+	entries, err := a.admin.ACLLog(context.Background(), 100).Result()
+	if err != nil {
+		a.t.Fatalf("ACL LOG: %v", err)
+	}
+	var out []string
+	for _, e := range entries {
+		if e.Username == user {
+			out = append(out, e.Reason+" "+e.Object+" in "+e.Context)
+		}
 	}
 	return out
 }
 
-func slogOf(h slog.Handler) *slog.Logger { return slog.New(h) }
+// withoutRule returns the README's ACL rule less one of its words.
+func withoutRule(word string) string {
+	return strings.Replace(aclLimiter, " "+word+" ", " ", 1)
+}
+
+// TestWithClockNeedsNoTIME: a Limiter WithClock passes its clock to every
+// script it runs, so that a Redis user without +time serves every call:
+// takes alone and in batches, of several layers and of a priority class,
+// settles and cancels, refunds, probes, lowers, the resume instant,
+// the control record's reads, the operator's calls, the slots and the
+// roll call of the workers. The server's ACL log, which records every
+// command refused, the background calls' included, stays empty.
+func TestWithClockNeedsNoTIME(t *testing.T) {
+	t.Parallel()
+	a := newACLServer(t)
+	rdb := a.user("notime", withoutRule("+time"), "limiter-secret")
+	ctx := context.Background()
+	l := NewLimiter(rdb, WithClock(time.Now), WithPolicy(FallbackLocal(2).CountingWorkers()),
+		WithMinShare(0, 0.2), WithLogger(slogOf(&logRecorder{})))
+	check := func(what string, err error) {
+		t.Helper()
+		if err != nil {
+			t.Errorf("%s as a user without +time: %v", what, err)
+		}
+	}
+	lim := Limit{Rate: 100, Burst: 5}
+	check("Wait", l.Wait(ctx, "clock", lim))
+	var wg sync.WaitGroup
+	for range 8 { // takes of one bucket at once share calls
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			check("a batched Wait", l.Wait(ctx, "clock", lim))
+		}()
+	}
+	wg.Wait()
+	check("WaitN of two layers", l.WaitN(ctx, "layers", 1, lim, PerMinute(600)))
+	check("Wait of a priority class", l.Wait(ContextWithPriority(ctx, 3), "clock", lim))
+	_, err := l.Allow(ctx, "clock", lim)
+	check("Allow", err)
+
+	r, err := l.Reserve(ctx, "llm", llmMeters, Usage{"requests": 1, "input_tokens": 100, "output_tokens": 100})
+	check("Reserve", err)
+	r.Settle(Usage{"requests": 1, "input_tokens": 20, "output_tokens": 10})
+	r, err = l.Reserve(ctx, "llm", llmMeters, Usage{"requests": 1, "input_tokens": 100, "output_tokens": 100})
+	check("Reserve", err)
+	r.Cancel()
+	check("Flush", l.Flush(ctx))
+
+	b, err := l.bucket("clock", []Limit{lim})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := l.store.Take(ctx, b.Bucket, store.Tokens(1), time.Second)
+	check("a take", err)
+	if g.Tats != nil {
+		check("a refund", l.store.Refund(ctx, b.Bucket, store.Tokens(1), g.Tats))
+	}
+	check("a probe", l.store.Probe(ctx, b.Bucket))
+	check("a lower", l.store.Lower(ctx, b.Bucket, 1))
+	check("a lower of each layer", l.store.LowerEach(ctx, b.Bucket, []float64{2}))
+	check("a provider's pause", l.store.Pause(ctx, b.Bucket, time.Millisecond))
+	check("the resume instant", l.store.Resuming(ctx, b.Bucket, time.Now().Add(time.Millisecond).UnixMicro()))
+	_, _, err = l.resume.In(ctx, time.Millisecond, l.store.Now())
+	check("the fleet's resume", err)
+	if e := l.controls.Lookup(b.Keys[0]); e == nil {
+		t.Error("no control record entry for the bucket")
+	} else {
+		_, err := l.controls.ReadNow(ctx, e)
+		check("a read of the control record", err)
+	}
+
+	check("SetLimit", l.SetLimit(ctx, "clock", PerSecond(50)))
+	_, err = l.Status(ctx, "clock")
+	check("Status", err)
+	check("Pause", l.Pause(ctx, "clock", 10*time.Millisecond))
+	check("Resume", l.Resume(ctx, "clock"))
+	check("ClearLimit", l.ClearLimit(ctx, "clock"))
+
+	slot, err := l.AcquireSlot(ctx, "slots", 1)
+	check("AcquireSlot", err)
+	if err == nil {
+		slot.Release()
+	}
+	check("Flush", l.Flush(ctx))
+	eventually(t, 2*time.Second, "the worker count", func() bool { return l.workers.Divisor(1) == 1 })
+
+	if d := a.denied("notime"); len(d) > 0 {
+		t.Errorf("the server refused a Limiter WithClock commands:\n%s", strings.Join(d, "\n"))
+	}
+}
+
+// TestPermissionFailures: a wrong password and a command the ACL refuses
+// inside a script are ErrNoPermission, permanent, not an outage: the
+// Limiter stays in shared mode whatever its policy, and logs the failure
+// once, however many calls meet it.
+func TestPermissionFailures(t *testing.T) {
+	t.Parallel()
+	a := newACLServer(t)
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name, user, rule, pass string
+	}{
+		{"a wrong password", "wrongpass", aclLimiter, "not-the-secret"},
+		{"a command refused inside the script", "nohset", withoutRule("+hset"), "limiter-secret"},
+	} {
+		rdb := a.user(tc.user, tc.rule, tc.pass)
+		logs := &logRecorder{}
+		l := NewLimiter(rdb, WithPolicy(FailOpen), WithLogger(slogOf(logs)))
+		for range 3 {
+			err := l.Wait(ctx, "denied", PerSecond(100))
+			if !errors.Is(err, ErrNoPermission) || errors.Is(err, ErrScript) || errors.Is(err, ErrUnavailable) || !Permanent(err) {
+				t.Errorf("%s: Wait = %v, want ErrNoPermission alone", tc.name, err)
+			}
+		}
+		time.Sleep(50 * time.Millisecond) // what runs in the background after a call
+		if l.Mode() != ModeShared {
+			t.Errorf("%s switched the Limiter to %v", tc.name, l.Mode())
+		}
+		if n := logs.Count(slog.LevelError, "permission"); n != 1 || logs.Len() != 1 {
+			t.Errorf("%s: %d records of the missing permission, want 1 alone:\n%s", tc.name, n, logs)
+		}
+	}
+}
+
+// TestRefusedAnnouncements: for a user that may not publish on the
+// package's channel, a call whose announcement is known before it writes
+// (the operator's pause, resume and limits) fails and changes nothing;
+// one whose announcement is known only once written (a provider's pause,
+// a take that pushes lower classes back, a settle that gives tokens back)
+// is applied and succeeds, unannounced.
+func TestRefusedAnnouncements(t *testing.T) {
+	t.Parallel()
+	a := newACLServer(t)
+	rdb := a.user("nochannel", withoutRule("&quota:*"), "limiter-secret")
+	ctx := context.Background()
+	l := NewLimiter(rdb, WithPolicy(FailClosed), WithLogger(slogOf(&logRecorder{})))
+	lim := Limit{Rate: 10, Burst: 1}
+	if err := l.Wait(ctx, "ops", lim); err != nil {
+		t.Fatal(err)
+	}
+	for what, op := range map[string]func() error{
+		"Pause":    func() error { return l.Pause(ctx, "ops", 3*time.Second) },
+		"SetLimit": func() error { return l.SetLimit(ctx, "ops", PerSecond(1)) },
+	} {
+		if err := op(); !errors.Is(err, ErrNoPermission) {
+			t.Errorf("%s without the channel: %v, want ErrNoPermission", what, err)
+		}
+	}
+	if st, err := l.Status(ctx, "ops"); err != nil || st.Paused || st.Override != nil {
+		t.Errorf("Status after a Pause and a SetLimit that failed: %+v, %v; want neither in force", st, err)
+	}
+
+	b, err := l.bucket("provider", []Limit{lim})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.store.Pause(ctx, b.Bucket, time.Second); err != nil {
+		t.Errorf("a provider's pause without the channel: %v", err)
+	}
+	if st, err := l.Status(ctx, "provider"); err != nil || !st.Paused || st.PausedBy != PausedByProvider {
+		t.Errorf("Status after a provider's pause: %+v, %v; want it paused", st, err)
+	}
+
+	b, err = l.bucket("pushed", []Limit{lim})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 4 { // class 0's grants, due up to 300 ms from now
+		if _, err := l.store.Take(ctx, b.Bucket, store.Tokens(1), time.Second); err != nil {
+			t.Fatal(err)
+		}
+	}
+	g, err := l.store.Take(ctx, b.Bucket, store.Cost{N: 1, Class: 3}, time.Second)
+	if err != nil || !g.Granted() {
+		t.Errorf("a take of class 3 ahead of class 0's grants, without the channel: %+v, %v", g, err)
+	}
+	if err := l.store.Adjust(ctx, b.Bucket, store.Tokens(-2), ""); err != nil {
+		t.Errorf("a give-back without the channel: %v", err)
+	}
+}

@@ -5,9 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"slices"
 	"time"
 
+	"github.com/sharedquota/quota/internal/control"
+	"github.com/sharedquota/quota/internal/lines"
+	"github.com/sharedquota/quota/internal/obs"
+	"github.com/sharedquota/quota/internal/pool"
 	"github.com/sharedquota/quota/internal/slots"
 	"github.com/sharedquota/quota/internal/store"
 )
@@ -37,15 +40,17 @@ type ask struct {
 	tenantSet bool
 	weight    float64
 	tenantCap int
-	listed    bool // named in Tenants.Weights
-	// wake, while it is first in its tenant's line, tells of a give-back
-	// on the bucket: a held take asks again at once.
-	wake <-chan struct{}
+	listed    bool  // named in Tenants.Weights
+	since     int64 // when its take was first held, on the server's clock (see store.Cost)
+	// line is its place in its tenant's line, whose give-backs wake a held
+	// take to ask again at once.
+	line *lines.Place
+	pool *pool.Take // the pool it takes from, when not nil (see WithPool)
 }
 
 // cost returns what o asks of the bucket's layers.
 func (o ask) cost() store.Cost {
-	return store.Cost{N: o.n, Each: o.each, Class: o.class, Shares: o.shares, Tenant: o.tenant, Weight: o.weight, TenantCap: o.tenantCap}
+	return store.Cost{N: o.n, Each: o.each, Class: o.class, Shares: o.shares, Tenant: o.tenant, Weight: o.weight, TenantCap: o.tenantCap, Since: o.since}
 }
 
 // acquire serves an ask on the bucket called name: the one acquisition
@@ -60,15 +65,17 @@ func (l *Limiter) acquire(ctx context.Context, name string, o ask) (_ *Slot, err
 		o.class = priorityOf(ctx)
 	}
 	o.shares = l.cfg.minShares
-	l.weigh(ctx, &o)
-	ctx, span := l.obs.start(ctx, name, o.n)
-	span.mode, span.dryRun, span.priority = l.mode(), l.cfg.dryRun, o.class
+	if o.pool == nil {
+		l.weigh(ctx, &o) // a pool's takes are for no tenant
+	}
+	ctx, span := l.obs.Start(ctx, name, o.n)
+	span.Mode, span.DryRun, span.Priority = l.mode().String(), l.cfg.dryRun, o.class
 	if o.weight > 0 {
-		span.tenant(o.tenant, o.listed)
+		span.Tenant(o.tenant, o.listed)
 	}
 	defer func() {
-		span.end(err)
-		if span.dryRun && err != nil && outcome(err) != outcomeCancelled {
+		span.End(err)
+		if span.DryRun && err != nil && sentinels.Outcome(err) != obs.Cancelled {
 			err = nil // measured, not enforced
 		}
 	}()
@@ -80,10 +87,13 @@ func (l *Limiter) acquire(ctx context.Context, name string, o ask) (_ *Slot, err
 	if err != nil {
 		return nil, err
 	}
+	if o.pool != nil {
+		return nil, l.waitTokens(ctx, &span, b, o, nil) // each turn reads its deployments' records
+	}
 	if b, err = l.controlled(ctx, &span, b); err != nil {
 		return nil, err
 	}
-	span.limit(b.limit(0))
+	span.Limit(b.Lims[0].Rate, b.Lims[0].Burst)
 	if err := b.checkCost(o.cost()); err != nil {
 		return nil, err
 	}
@@ -98,9 +108,9 @@ func (l *Limiter) acquire(ctx context.Context, name string, o ask) (_ *Slot, err
 	if err := l.awaitPause(ctx, &span, b, &o); err != nil {
 		return nil, err
 	}
-	slot, first, err := l.acquireSlot(ctx, &span, b, o.slots, o.noWait || span.dryRun, &o)
+	slot, first, err := l.acquireSlot(ctx, &span, b, o.slots, o.noWait || span.DryRun, &o)
 	switch {
-	case err == slots.ErrNone && span.dryRun:
+	case err == slots.ErrNone && span.DryRun:
 		slot = nil // measured: it would have waited for a slot
 	case err == slots.ErrNone:
 		return nil, fmt.Errorf("%w: every one of %q's %d slots is in use", ErrWouldWait, name, o.slots)
@@ -115,43 +125,45 @@ func (l *Limiter) acquire(ctx context.Context, name string, o ask) (_ *Slot, err
 }
 
 // waitTokens waits for o.n tokens of bucket b, under its control record as
-// the Limiter knows it when it asks; first, when not nil, is the grant of
-// a take already made (with a slot), which it serves before it asks again.
+// the Limiter knows it when it asks, or with o.pool of the deployment of
+// pool b that grants them soonest (see WithPool); first, when not nil, is
+// the grant of a take already made (with a slot), which it serves before
+// it asks again.
 // Every way back into its loop either sleeps or changes mode: it never
 // calls Redis twice without a pause. A take for a tenant asks only when
 // it is first in its tenant's line in this Limiter, and stays first while
 // its take is held (see WithTenants).
-func (l *Limiter) waitTokens(ctx context.Context, span *waitSpan, b bucket, o ask, first *store.Grant) error {
-	var head *turn    // set while it is first in its tenant's line
-	var listen func() // set while its take is held: give-backs are announced
-	leave := func(next time.Time) {
-		head.leave(next)
-		if listen != nil {
-			listen()
-		}
-		head, listen, o.wake = nil, nil, nil
-	}
+func (l *Limiter) waitTokens(ctx context.Context, span *obs.Span, b bucket, o ask, first *store.Grant) (err error) {
+	var deps []bucket // a pool's deployments, under their records (see WithPool)
+	var cs []store.Candidate
+	whole := b // a pool's name and layers
 	defer func() {
-		if head != nil {
-			leave(time.Time{})
+		o.line.Leave(time.Time{})
+		if err == nil && b.ctl != nil {
+			l.controls.Count(b.ctl, time.Now(), o.n, o.each) // what the fleet's Status reads as its rate
 		}
 	}()
 	for {
 		if first != nil {
 			g := *first
 			first = nil
-			maxWait, deadline := l.maxWait(ctx)
-			if o.noWait {
-				maxWait = 0
+			if g.Outcome == store.Held && o.since == 0 {
+				o.since = g.Now // held in its slot's hand-off: its age too
 			}
+			maxWait, deadline := l.maxWait(ctx, o.noWait)
 			if done, err := l.granted(ctx, span, b, o, g, maxWait, deadline); done {
 				return err
 			}
 			continue
 		}
-		if b.ctl != nil {
+		if o.pool != nil {
+			if deps, cs, err = l.deployments(ctx, span, whole, o); err != nil {
+				return err
+			}
+			b = deps[0]
+		} else if b.ctl != nil {
 			b = b.under(b.ctl)
-			span.limit(b.limit(0))
+			span.Limit(b.Lims[0].Rate, b.Lims[0].Burst)
 		}
 		if err := b.checkCost(o.cost()); err != nil {
 			return err
@@ -160,48 +172,51 @@ func (l *Limiter) waitTokens(ctx context.Context, span *waitSpan, b bucket, o as
 			return err
 		}
 		if mode := l.mode(); mode != ModeShared {
-			if head != nil {
-				leave(time.Time{}) // the policy serves it: no turn to keep
+			o.line.Leave(time.Time{}) // the policy serves it: no turn to keep
+			span.Mode = mode.String()
+			if o.pool != nil {
+				o.pool.Chosen = l.locals.Soonest(cs, o.cost(), l.workers.Divisor(l.cfg.policy.workers))
+				b = deps[o.pool.Chosen]
 			}
-			span.mode = mode
 			l.degraded(b)
-			wait, err := l.degradedWait(ctx, b, o.cost(), mode, o.noWait)
-			span.wait = wait
+			wait, err := l.degradedWait(ctx, b.lowered(), o.cost(), mode, o.noWait)
+			span.Wait = wait
 			if err == errAskAgain {
 				continue // slept MaxWait: Redis may be back by now
 			}
 			return err
 		}
-		if o.weight > 0 && o.class == 0 && !o.noWait && head == nil {
-			var err error
-			if head, err = l.lines.join(ctx, lineKey{b.Keys[0], o.tenant}); err != nil {
-				return err
+		if o.weight > 0 && o.class == 0 && !o.noWait {
+			if o.line == nil {
+				o.line = new(lines.Place)
 			}
-			o.wake = head.ln.wake
-			// Not before the queue has room, as far as the grant of the
-			// caller before it told.
-			if err := sleepOr(ctx, time.Until(head.due()), o.wake); err != nil {
+			if err := o.line.Join(ctx, &l.lines, b.Keys[0], o.tenant); err != nil {
 				return err
 			}
 		}
-		maxWait, deadline := l.maxWait(ctx)
-		if o.noWait {
-			maxWait = 0
+		maxWait, deadline := l.maxWait(ctx, o.noWait)
+		var g store.Grant
+		if o.pool != nil {
+			g, o.pool.Chosen, err = l.store.TakePool(ctx, cs, o.cost(), maxWait)
+			b = deps[o.pool.Chosen]
+		} else {
+			g, err = l.store.Take(ctx, b.Bucket, o.cost(), maxWait)
 		}
-		g, err := l.store.Take(ctx, b.Bucket, o.cost(), maxWait)
-		if head != nil && g.Outcome == store.Held && listen == nil {
-			listen = l.events.Hold()
-		}
-		if head != nil && g.Outcome != store.Held {
+		if g.Outcome == store.Held {
+			o.line.Held(l.events.Hold)
+			if o.since == 0 {
+				o.since = g.Now // its age, which the tenant's later takes do not pass
+			}
+		} else if o.line.First() {
 			var next time.Time
 			if g.Granted() && g.Wait > 0 {
-				next = roomAfter(g.Wait, b.costTime(o.cost()))
+				next = lines.RoomAfter(g.Wait, b.CostTime(o.cost()))
 			}
-			leave(next) // the next caller of the tenant may ask
+			o.line.Leave(next) // the next caller of the tenant may ask
 		}
-		span.trips += g.Trips
+		span.Trips += g.Trips
 		if g.Size > 0 {
-			batchSize(ctx, g.Size)
+			obs.BatchSize(ctx, g.Size)
 		}
 		if err != nil {
 			if cerr := l.classify(ctx, err); !errors.Is(cerr, ErrUnavailable) {
@@ -216,35 +231,35 @@ func (l *Limiter) waitTokens(ctx context.Context, span *waitSpan, b bucket, o as
 	}
 }
 
+// movedHook, set by tests, learns how far the bucket's timeline moved
+// each grant a caller slept on.
+var movedHook func(ctx context.Context, moved time.Duration)
+
 // granted serves the grant g of a take of o.n tokens of b with a longest
 // wait of maxWait (the caller's deadline when deadline is set): it sleeps
 // on a grant, and reports done with the acquisition's error; otherwise it
 // sleeps when the loop is to ask again, and reports not done.
-func (l *Limiter) granted(ctx context.Context, span *waitSpan, b bucket, o ask, g store.Grant, maxWait time.Duration, deadline bool) (done bool, err error) {
+func (l *Limiter) granted(ctx context.Context, span *obs.Span, b bucket, o ask, g store.Grant, maxWait time.Duration, deadline bool) (done bool, err error) {
 	name := b.Name
 	l.workers.Heartbeat()
 	if g.Granted() {
 		if l.cfg.policy.mode() == ModeLocal {
 			l.locals.Granted(b.Keys[0], g.Wait)
 		}
-		if span.dryRun {
-			span.wait = g.Wait
+		if span.DryRun {
+			span.Wait = g.Wait
 			return true, nil
 		}
-		moved, err := l.sleepOn(ctx, b, g, o.cost())
+		moved, err := l.controls.SleepOn(ctx, b.ctl, len(b.Keys), g, o.cost(), !l.off(pushes))
 		if err != nil {
-			tats := g.Tats
-			if moved != 0 && tats != nil {
-				tats = slices.Clone(tats)
-				for i := range tats {
-					tats[i] += moved.Microseconds()
-				}
-			}
-			go l.refund(context.WithoutCancel(ctx), b, o.cost(), tats)
-			if err == ErrWouldExceedDeadline {
+			go l.refund(context.WithoutCancel(ctx), b, o.cost(), g.TatsMoved(moved))
+			if err == control.ErrPastDeadline {
 				return true, fmt.Errorf("%w: a pause moved %q's grant by %v", ErrWouldExceedDeadline, name, moved)
 			}
 			return true, err
+		}
+		if movedHook != nil {
+			movedHook(ctx, moved)
 		}
 		return true, nil
 	}
@@ -256,16 +271,14 @@ func (l *Limiter) granted(ctx context.Context, span *waitSpan, b bucket, o ask, 
 		switch {
 		case o.noWait && l.cfg.policy.mode() != ModeLocal:
 			return true, fmt.Errorf("%w: %q resumes after an outage", ErrWouldWait, name)
-		case span.dryRun:
+		case span.DryRun:
 			return true, nil
 		case l.cfg.policy.mode() == ModeLocal:
 			l.trip(b, errResuming)
 			return false, nil
 		}
-		if err := sleep(ctx, minRetry); err != nil {
-			return true, err
-		}
-		return false, nil
+		err := sleep(ctx, minRetry)
+		return err != nil, err
 	}
 	if g.Outcome == store.Crowded || g.Outcome == store.Held {
 		// The take took nothing and is to ask again in g.Wait: it would
@@ -283,15 +296,13 @@ func (l *Limiter) granted(ctx context.Context, span *waitSpan, b bucket, o ask, 
 			return true, fmt.Errorf("%w: %s for %v", ErrWouldWait, why, g.Wait)
 		case deadline && g.Wait > maxWait:
 			return true, fmt.Errorf("%w: %s for %v", ErrWouldExceedDeadline, why, g.Wait)
-		case span.dryRun:
-			span.wait = g.Wait
+		case span.DryRun:
+			span.Wait = g.Wait
 			return true, nil
 		}
 		wait := max(g.Wait, minCrowded)
-		if err := sleepOr(ctx, min(wait+rand.N(wait/2), maxWait), o.wake); err != nil {
-			return true, err
-		}
-		return false, nil
+		err := control.Sleep(ctx, min(wait+rand.N(wait/2), maxWait), o.line.Wake())
+		return err != nil, err
 	}
 	if g.Outcome == store.Paused {
 		// Paused until a resume, which the Limiter had not heard of: it
@@ -301,13 +312,13 @@ func (l *Limiter) granted(ctx context.Context, span *waitSpan, b bucket, o ask, 
 		switch {
 		case o.noWait:
 			return true, fmt.Errorf("%w: %q is paused until resumed", ErrWouldWait, name)
-		case span.dryRun:
+		case span.DryRun:
 			return true, nil
 		}
 		if b.ctl != nil {
 			sent, err := l.controls.ReadNow(ctx, b.ctl)
 			if sent {
-				span.trips++
+				span.Trips++
 			}
 			if err != nil {
 				return true, l.classify(ctx, err)
@@ -316,34 +327,30 @@ func (l *Limiter) granted(ctx context.Context, span *waitSpan, b bucket, o ask, 
 				return false, nil
 			}
 		}
-		if err := sleep(ctx, minRetry); err != nil {
-			return true, err
-		}
-		return false, nil
+		err := sleep(ctx, minRetry)
+		return err != nil, err
 	}
 	switch {
 	case o.noWait:
 		return true, fmt.Errorf("%w: %q needs %v", ErrWouldWait, name, g.Wait)
 	case deadline:
 		return true, fmt.Errorf("%w: %q needs %v", ErrWouldExceedDeadline, name, g.Wait)
-	case span.dryRun:
+	case span.DryRun:
 		// Enforced, the caller would sleep MaxWait and ask again: its wait
 		// would be about what the script replied, at least that.
-		span.wait = g.Wait
+		span.Wait = g.Wait
 		return true, nil
 	}
-	if err := sleep(ctx, maxWait); err != nil {
-		return true, err
-	}
-	return false, nil
+	err = sleep(ctx, maxWait)
+	return err != nil, err
 }
 
 // recordFailure records, under dry run, an acquisition that failed with
 // err before it had a bucket to take from.
 func (l *Limiter) recordFailure(ctx context.Context, err error) {
-	_, span := l.obs.start(ctx, "", 1)
-	span.mode, span.dryRun = l.mode(), l.cfg.dryRun
-	span.end(err)
+	_, span := l.obs.Start(ctx, "", 1)
+	span.Mode, span.DryRun = l.mode().String(), l.cfg.dryRun
+	span.End(err)
 }
 
 // minCrowded is the least a take that a minimum share refused, or that
@@ -359,6 +366,6 @@ func (l *Limiter) refund(ctx context.Context, b bucket, n store.Cost, tats []int
 	ctx, cancel := context.WithTimeout(ctx, refundTimeout)
 	defer cancel()
 	if err := l.store.Refund(ctx, b.Bucket, n, tats); err == nil {
-		l.obs.refunds.Add(ctx, 1)
+		l.obs.Refunded(ctx)
 	}
 }

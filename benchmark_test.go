@@ -9,9 +9,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-	"github.com/sharedquota/quota/internal/control"
 	"github.com/sharedquota/quota/internal/redistest"
-	"github.com/sharedquota/quota/internal/redisx"
+	"github.com/sharedquota/quota/internal/store"
 )
 
 // The benchmarks run on one real redis-server, so that an acquisition and a
@@ -42,15 +41,18 @@ func BenchmarkAcquire(b *testing.B) {
 	})
 
 	// BareEvalSha is the floor for Wait: the same script with the same
-	// arguments, called directly.
+	// keys and arguments as Wait's take, called directly.
 	b.Run("BareEvalSha", func(b *testing.B) {
-		src := NewLimiter(rdb).store.TakeScript().Source()
-		if err := rdb.ScriptLoad(ctx, src).Err(); err != nil {
+		l := NewLimiter(rdb)
+		bk, err := l.bucket("bench", []Limit{unlimited})
+		if err != nil {
 			b.Fatal(err)
 		}
-		sha := redisx.NewScript(rdb, src).SHA()
-		keys := []string{"quota:{bench}", "quota:{bench}" + control.Suffix}
-		args := []any{"take", "1", DefaultMaxWait.Microseconds(), "", "1000000", "1000000000", 0}
+		sha, err := rdb.ScriptLoad(ctx, l.store.TakeScript().Source()).Result()
+		if err != nil {
+			b.Fatal(err)
+		}
+		keys, args := l.store.TakeCall(bk.Bucket, store.Tokens(1), DefaultMaxWait)
 		for b.Loop() {
 			if err := rdb.EvalSha(ctx, sha, keys, args...).Err(); err != nil {
 				b.Fatal(err)

@@ -1,10 +1,11 @@
 package quota
 
 import (
+	"context"
 	"fmt"
-	"time"
 
 	"github.com/sharedquota/quota/internal/control"
+	"github.com/sharedquota/quota/internal/obs"
 	"github.com/sharedquota/quota/internal/store"
 )
 
@@ -14,10 +15,7 @@ type bucket struct {
 	store.Bucket
 	ctl *control.Entry // what the Limiter read of its control record; nil in none
 
-	// Under a control record: the state whose override Lims holds, and
-	// the first layer's Limit as the caller passed it.
-	st     *control.State
-	passed Limit
+	passed Limit // under a control record: the first layer's Limit as the caller passed it
 }
 
 // bucketKey returns the Redis key of the bucket named name (see
@@ -36,19 +34,28 @@ func newBucket(prefix, name string, lims []Limit, meters ...string) (bucket, err
 	if name == "" {
 		return bucket{}, fmt.Errorf("%w: empty bucket name", ErrInvalidKey)
 	}
+	resolved, err := resolveAll(lims)
+	if err != nil {
+		return bucket{}, err
+	}
+	return bucket{Bucket: store.New(prefix, name, resolved, meters...)}, nil
+}
+
+// resolveAll returns lims, at least one, validated and resolved.
+func resolveAll(lims []Limit) ([]store.Limit, error) {
 	if len(lims) == 0 {
-		return bucket{}, fmt.Errorf("%w: no Limit given", ErrInvalidLimit)
+		return nil, fmt.Errorf("%w: no Limit given", ErrInvalidLimit)
 	}
 	var one [1]store.Limit
 	resolved := one[:0]
 	for _, lim := range lims {
 		lim, err := lim.resolve()
 		if err != nil {
-			return bucket{}, err
+			return nil, err
 		}
 		resolved = append(resolved, store.Limit(lim))
 	}
-	return bucket{Bucket: store.New(prefix, name, resolved, meters...)}, nil
+	return resolved, nil
 }
 
 // limit returns the Limit of layer i.
@@ -87,12 +94,32 @@ func (b bucket) checkCost(c store.Cost) error {
 	return nil
 }
 
-// costTime returns how long c takes to accrue at the rate of b's slowest
-// layer for it.
-func (b bucket) costTime(c store.Cost) time.Duration {
-	var d time.Duration
-	for i, lim := range b.Lims {
-		d = max(d, time.Duration(c.Of(i)/lim.Rate*float64(time.Second)))
+// lowered returns b at the rates the fleet learned, where lower than its
+// Limits (see Adaptive): the local shares of an outage share those.
+func (b bucket) lowered() bucket {
+	if b.ctl != nil {
+		b.Lims = b.ctl.Load().Lowered(b.Lims)
 	}
-	return d
+	return b
+}
+
+// deployments returns the deployments of o's pool called p.Name, each
+// under its control record and able to grant o, with p's layers after its
+// own Limits, and their candidates for a take.
+func (l *Limiter) deployments(ctx context.Context, span *obs.Span, p bucket, o ask) ([]bucket, []store.Candidate, error) {
+	cs, err := o.pool.Buckets(l.cfg.prefix, p.Name, p.Lims, p.Meters)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%w: %w", ErrInvalidKey, err)
+	}
+	bs := make([]bucket, len(cs))
+	for i := range cs {
+		if bs[i], err = l.controlled(ctx, span, bucket{Bucket: cs[i].Bucket}); err == nil {
+			err = bs[i].checkCost(o.cost())
+		}
+		if err != nil {
+			return nil, nil, err
+		}
+		cs[i].Bucket = bs[i].Bucket
+	}
+	return bs, cs, nil
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/sharedquota/quota/internal/obs"
 	"github.com/sharedquota/quota/internal/slots"
 	"github.com/sharedquota/quota/internal/store"
 )
@@ -31,12 +32,17 @@ import (
 // FallbackLocal grants this process n divided by the workers, at least 1.
 // Under WithDryRun it never waits: it holds a slot when one is free, and
 // returns a Slot that holds nothing otherwise.
-func (l *Limiter) AcquireSlot(ctx context.Context, name string, n int) (_ *Slot, err error) {
-	ctx, span := l.obs.start(ctx, name, 0)
-	span.mode, span.dryRun = l.mode(), l.cfg.dryRun
+func (l *Limiter) AcquireSlot(ctx context.Context, name string, n int) (*Slot, error) {
+	return l.acquireSlotSpan(ctx, name, n)
+}
+
+// acquireSlotSpan is AcquireSlot, in its span.
+func (l *Limiter) acquireSlotSpan(ctx context.Context, name string, n int) (_ *Slot, err error) {
+	ctx, span := l.obs.Start(ctx, name, 0)
+	span.Mode, span.DryRun = l.mode().String(), l.cfg.dryRun
 	defer func() {
-		span.end(err)
-		if span.dryRun && err != nil && outcome(err) != outcomeCancelled {
+		span.End(err)
+		if span.DryRun && err != nil && sentinels.Outcome(err) != obs.Cancelled {
 			err = nil // measured, not enforced
 		}
 	}()
@@ -50,12 +56,12 @@ func (l *Limiter) AcquireSlot(ctx context.Context, name string, n int) (_ *Slot,
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	slot, _, err := l.acquireSlot(ctx, &span, b, n, span.dryRun, nil)
+	slot, _, err := l.acquireSlot(ctx, &span, b, n, span.DryRun, nil)
 	if err == slots.ErrNone {
 		return &Slot{}, nil // under dry run: it would have waited
 	}
 	if err == nil {
-		l.slots.InUse(slot.set, slot.id) // the caller's work begins
+		slot.h.InUse() // the caller's work begins
 	}
 	return slot, err
 }
@@ -72,14 +78,14 @@ func checkSlots(n int) error {
 // one only if one is free now, and records the wait on span. With tokens,
 // it asks for the tokens of the ask in the same call while Redis serves
 // the slot, and returns their grant; nil when the slot came without them.
-func (l *Limiter) acquireSlot(ctx context.Context, span *waitSpan, b bucket, n int, try bool, tokens *ask) (*Slot, *store.Grant, error) {
+func (l *Limiter) acquireSlot(ctx context.Context, span *obs.Span, b bucket, n int, try bool, tokens *ask) (*Slot, *store.Grant, error) {
 	start := time.Now()
-	span.slots = n
-	defer func() { span.slotWait = time.Since(start) }()
+	span.Slots = n
+	defer func() { span.SlotWait = time.Since(start) }()
 	for {
 		mode := l.mode()
 		if mode != ModeShared {
-			span.mode = mode
+			span.Mode = mode.String()
 			l.degraded(b)
 			slot, err := l.degradedSlot(ctx, b, n, mode, try)
 			if err == slots.ErrAgain {
@@ -89,17 +95,14 @@ func (l *Limiter) acquireSlot(ctx context.Context, span *waitSpan, b bucket, n i
 		}
 		var take *slots.Take
 		if tokens != nil {
-			maxWait, deadline := l.maxWait(ctx)
-			if tokens.noWait {
-				maxWait, deadline = 0, false
-			}
+			maxWait, deadline := l.maxWait(ctx, tokens.noWait)
 			keys, args := l.store.TakeCall(b.Bucket, tokens.cost(), maxWait)
 			take = &slots.Take{Keys: keys, Args: args, Deadline: deadline}
 		}
 		set, id, taken, err := l.slots.Acquire(ctx, b.Name, b.Keys[0], n, try, take)
 		switch {
 		case err == nil:
-			slot := l.heldSlot(ModeShared, b.Name, set, id)
+			slot := &Slot{l.slots.Hold(ModeShared.String(), set, id)}
 			if taken == nil {
 				return slot, nil, nil
 			}
@@ -133,7 +136,7 @@ func (l *Limiter) degradedSlot(ctx context.Context, b bucket, n int, mode Mode, 
 	case ModeOpen:
 		l.breaker.Served()
 		set, id := l.slots.HoldOpen(b.Name, b.Keys[0], n)
-		return l.heldSlot(ModeOpen, b.Name, set, id), nil
+		return &Slot{l.slots.Hold(ModeOpen.String(), set, id)}, nil
 	case ModeLocal:
 		share := max(n/l.workers.Divisor(l.cfg.policy.workers), 1)
 		set, id, err := l.slots.AcquireLocal(ctx, b.Name, b.Keys[0], n, share, try)
@@ -141,14 +144,8 @@ func (l *Limiter) degradedSlot(ctx context.Context, b bucket, n int, mode Mode, 
 			return nil, err
 		}
 		l.breaker.Served()
-		return l.heldSlot(ModeLocal, b.Name, set, id), nil
+		return &Slot{l.slots.Hold(ModeLocal.String(), set, id)}, nil
 	}
 	l.breaker.Refused()
 	return nil, fmt.Errorf("%w: %w", ErrUnavailable, l.breaker.Cause())
-}
-
-// heldSlot returns the Slot of the slot id of set, granted in mode.
-func (l *Limiter) heldSlot(mode Mode, name string, set *slots.Set, id string) *Slot {
-	l.obs.slotHeld(mode, name, slotHeld, 1)
-	return &Slot{l: l, mode: mode, name: name, set: set, id: id}
 }

@@ -3,11 +3,9 @@ package quota
 import (
 	"context"
 	"errors"
-	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -15,72 +13,16 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hashicorp/go-retryablehttp"
 	"github.com/redis/go-redis/v9"
-	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/sdk/metric/metricdata"
-
 	"github.com/sharedquota/quota/internal/redistest"
-	"github.com/sharedquota/quota/internal/slots"
 )
 
-// fastLimit never makes anyone wait for a token: the tests of slots
-// measure the slots alone.
-var fastLimit = Limit{Rate: 1e6, Burst: 1e6}
-
-// inFlight is a provider that counts the requests in flight and remembers
-// the most at once.
-type inFlight struct {
-	now, peak, total atomic.Int64
-	latency          time.Duration
-	hold             chan struct{} // when set, requests last until it is closed
-	body             string
-
-	mu       sync.Mutex
-	arrivals []time.Time
-}
-
-func (p *inFlight) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	n := p.now.Add(1)
-	p.total.Add(1)
-	p.mu.Lock()
-	p.arrivals = append(p.arrivals, time.Now())
-	p.mu.Unlock()
-	for {
-		peak := p.peak.Load()
-		if n <= peak || p.peak.CompareAndSwap(peak, n) {
-			break
-		}
-	}
-	if p.hold != nil {
-		select {
-		case <-p.hold:
-		case <-r.Context().Done():
-		}
-	} else {
-		time.Sleep(p.latency)
-	}
-	p.now.Add(-1)
-	io.WriteString(w, p.body)
-}
-
-// slotsHeld returns how many slots of the bucket called name Redis counts
-// as held, and how many callers wait.
-func slotsHeld(t *testing.T, rdb redis.UniversalClient, name string) (held, waiting int64) {
-	t.Helper()
-	key, _ := bucketKey(DefaultPrefix, name)
-	ctx := context.Background()
-	now := fmt.Sprint(time.Now().UnixMicro())
-	held, err := rdb.ZCount(ctx, key+slots.HeldSuffix, now, "+inf").Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	waiting, err = rdb.ZCount(ctx, key+slots.WaitingSuffix, now, "+inf").Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return held, waiting
-}
+// Tests of concurrency slots as callers acquire them (concurrency.go):
+// AcquireSlot and WithConcurrency, waiting in order without polling, the
+// hand-off of a released slot to the next waiter, in one process and across
+// processes, and the tokens a waiter takes with its slot. Slots through
+// outages and restarts are in concurrency_outage_test.go; a held slot's
+// release, linger and lease in slots_test.go.
 
 func TestAcquireSlotServesInOrder(t *testing.T) {
 	rdb := newServerClient(t)
@@ -251,70 +193,6 @@ func TestTransportConcurrencyInProcess(t *testing.T) {
 	})
 }
 
-// TestBodiesReleaseSlots: with one slot, each request can only go once the
-// one before has released it, whichever way its body ends.
-func TestBodiesReleaseSlots(t *testing.T) {
-	rdb := newServerClient(t)
-	srv := httptest.NewServer(&inFlight{body: strings.Repeat("x", 64<<10)})
-	defer srv.Close()
-	client := &http.Client{Transport: NewTransport(rdb, fastLimit, WithConcurrency(1))}
-	get := func(t *testing.T) *http.Response {
-		t.Helper()
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		t.Cleanup(cancel)
-		req, _ := http.NewRequestWithContext(ctx, "GET", srv.URL, nil)
-		resp, err := client.Do(req)
-		if err != nil {
-			t.Fatalf("the slot was not released: %v", err)
-		}
-		return resp
-	}
-	for _, tc := range []struct {
-		name string
-		end  func(*http.Response)
-	}{
-		{"closed early", func(r *http.Response) {
-			io.CopyN(io.Discard, r.Body, 100)
-			r.Body.Close()
-		}},
-		{"never read", func(r *http.Response) { r.Body.Close() }},
-		{"read to EOF", func(r *http.Response) { io.Copy(io.Discard, r.Body) }},
-		{"dropped unclosed", func(r *http.Response) {}},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			resp := get(t)
-			tc.end(resp)
-			resp = nil
-			runtime.GC() // the dropped body's cleanup
-			resp = get(t)
-			resp.Body.Close()
-		})
-	}
-	t.Run("error", func(t *testing.T) {
-		failing := NewTransport(rdb, fastLimit, WithConcurrency(1), WithBase(roundTripFunc(func(*http.Request) (*http.Response, error) {
-			return nil, errors.New("connection refused")
-		})))
-		req, _ := http.NewRequest("GET", srv.URL, nil)
-		if _, err := failing.RoundTrip(req); err == nil {
-			t.Fatal("want the base's error")
-		}
-		get(t).Body.Close()
-	})
-}
-
-// arrivedIn counts the requests that arrived in [from, to).
-func (p *inFlight) arrivedIn(from, to time.Time) int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	n := 0
-	for _, a := range p.arrivals {
-		if !a.Before(from) && a.Before(to) {
-			n++
-		}
-	}
-	return n
-}
-
 // TestConcurrencyAcrossProcesses: 4 processes x 30 goroutines send through
 // Transports with WithConcurrency(8) to a provider that takes 200 ms a
 // request: it never sees more than 8 in flight, and serves close to
@@ -375,257 +253,11 @@ func TestConcurrencyAcrossProcesses(t *testing.T) {
 	}
 }
 
-// TestKilledHolderSlotsReturn: a process killed with SIGKILL while it holds
-// every slot renews nothing more, and its slots come back to a waiter
-// within the lease.
-func TestKilledHolderSlotsReturn(t *testing.T) {
-	redistest.Long(t)
-	t.Parallel()
-	srv := redistest.Start(t)
-	const slots, lease = 4, time.Second
-	p := &inFlight{hold: make(chan struct{})}
-	provider := httptest.NewServer(p)
-	defer provider.Close()
-	defer close(p.hold)
-	name := strings.TrimPrefix(provider.URL, "http://") // the Transport's bucket
-	spec := workerSpec{Addr: srv.Addr(), Key: name, Limit: fastLimit, Goroutines: slots,
-		Duration: time.Minute, URL: provider.URL, Concurrency: slots, SlotLease: lease}
-	w := startWorkers(t, 1, spec)
-	eventually(t, 10*time.Second, "the worker holds every slot", func() bool { return p.now.Load() == slots })
-
-	rdb := srv.Client(t)
-	l := NewLimiter(rdb, WithSlotLease(lease))
-	ctx, cancel := context.WithTimeout(context.Background(), 3*lease)
-	defer cancel()
-	got := make(chan time.Time, slots)
-	for range slots {
-		go func() {
-			s, err := l.AcquireSlot(ctx, name, slots)
-			if err != nil {
-				t.Error(err)
-				return
-			}
-			got <- time.Now()
-			defer s.Release()
-		}()
-	}
-	time.Sleep(lease) // held and renewed: nothing for the waiters
-	if len(got) != 0 {
-		t.Fatalf("%d slots granted while their holder lived", len(got))
-	}
-	if err := w.ps[0].cmd.Process.Kill(); err != nil {
-		t.Fatal(err)
-	}
-	killed := time.Now()
-	var last time.Time
-	for range slots {
-		select {
-		case last = <-got:
-		case <-ctx.Done():
-			t.Fatalf("the killed process's slots did not come back within %v", 3*lease)
-		}
-	}
-	t.Logf("all %d slots back %v after the kill (lease %v)", slots, last.Sub(killed), lease)
-	if back := last.Sub(killed); back > lease+300*time.Millisecond {
-		t.Errorf("slots back %v after the kill, want within the lease, %v (+300ms)", back, lease)
-	}
-}
-
-// TestRetryEachAttemptHoldsOneSlot: under retryablehttp, each attempt takes
-// a slot and its failed response gives it back before the next: with one
-// slot, three attempts go one after another.
-func TestRetryEachAttemptHoldsOneSlot(t *testing.T) {
-	rdb := newServerClient(t)
-	var attempts, inFlightNow, peak atomic.Int64
-	var name string // the Transport's bucket
-	provider := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		n := inFlightNow.Add(1)
-		defer inFlightNow.Add(-1)
-		peak.Store(max(peak.Load(), n))
-		held, _ := slotsHeld(t, rdb, name)
-		key, _ := bucketKey(DefaultPrefix, name)
-		z, _ := rdb.ZRangeWithScores(context.Background(), key+slots.HeldSuffix, 0, -1).Result()
-		t.Logf("DEBUG %v now %d", z, time.Now().UnixMicro())
-		if held != 1 {
-			t.Errorf("attempt %d: %d slots held in Redis, want 1", attempts.Load()+1, held)
-		}
-		if attempts.Add(1) < 3 {
-			w.WriteHeader(http.StatusInternalServerError)
-			io.WriteString(w, "try again")
-			return
-		}
-		io.WriteString(w, "ok")
-	}))
-	defer provider.Close()
-	name = strings.TrimPrefix(provider.URL, "http://")
-	client := retryingClient(NewTransport(rdb, fastLimit, WithConcurrency(1)))
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	req, _ := retryablehttp.NewRequestWithContext(ctx, "GET", provider.URL, nil)
-	resp, err := client.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
-	if attempts.Load() != 3 || peak.Load() != 1 {
-		t.Errorf("%d attempts, %d at once; want 3, one at a time", attempts.Load(), peak.Load())
-	}
-	eventually(t, 5*time.Second, "the last slot released", func() bool {
-		h, _ := slotsHeld(t, rdb, name)
-		return h == 0
-	})
-}
-
-func TestConcurrencyPolicies(t *testing.T) {
-	redistest.Long(t)
-	t.Parallel()
-	srv := redistest.Start(t)
-	rdb := srv.Client(t, func(o *redis.Options) { o.MaxRetries = -1; o.DialTimeout = 200 * time.Millisecond })
-	srv.Kill()
-	for _, tc := range []struct {
-		policy Policy
-		peak   int64 // the most in flight of 10 at once; 0: refused
-	}{
-		{FailOpen, 10},
-		{FallbackLocal(4), 2}, // 8 slots among 4 workers
-		{FailClosed, 0},
-	} {
-		t.Run(tc.policy.String(), func(t *testing.T) {
-			p := &inFlight{latency: 50 * time.Millisecond}
-			provider := httptest.NewServer(p)
-			defer provider.Close()
-			client := &http.Client{Transport: NewTransport(rdb, fastLimit, WithConcurrency(8),
-				WithPolicy(tc.policy), WithLogger(discardLogger()))}
-			var refused atomic.Int64
-			var wg sync.WaitGroup
-			for range 10 {
-				wg.Go(func() {
-					resp, err := client.Get(provider.URL)
-					if err != nil {
-						if !errors.Is(err, ErrUnavailable) {
-							t.Error(err)
-						}
-						refused.Add(1)
-						return
-					}
-					io.Copy(io.Discard, resp.Body)
-					resp.Body.Close()
-				})
-			}
-			wg.Wait()
-			if got := p.peak.Load(); got != tc.peak {
-				t.Errorf("%d in flight at most, want %d", got, tc.peak)
-			}
-			if tc.peak == 0 && refused.Load() != 10 {
-				t.Errorf("%d of 10 refused, want all", refused.Load())
-			}
-		})
-	}
-}
-
-func TestSlotTelemetry(t *testing.T) {
-	redistest.Long(t)
-	t.Parallel()
-	rdb := newServerClient(t)
-	tel := newTelemetry(t)
-	l := NewLimiter(rdb, tel.options()...)
-	ctx := context.Background()
-	first, err := l.AcquireSlot(ctx, "seen", 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var rm metricdata.ResourceMetrics
-	tel.reader.Collect(ctx, &rm)
-	if held := sumOf(rm, "quota.slots.held", []attribute.KeyValue{attrMode.String("shared")}); held != 1 {
-		t.Errorf("quota.slots.held = %d while one is held, want 1", held)
-	}
-	go func() {
-		time.Sleep(300 * time.Millisecond)
-		first.Release()
-	}()
-	second, err := l.AcquireSlot(ctx, "seen", 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	second.Release()
-	spans := tel.waitSpans()
-	if len(spans) != 2 {
-		t.Fatalf("%d wait spans, want 2", len(spans))
-	}
-	a := attrs(spans[1])
-	if w := a[attrSlotWait].AsFloat64(); w < 0.2 || a[attrSlots].AsInt64() != 1 {
-		t.Errorf("the second span: slot wait %v s, slots %v; want about 0.3 s and 1", w, a[attrSlots].AsInt64())
-	}
-	eventually(t, 5*time.Second, "the gauge back to zero", func() bool {
-		var rm metricdata.ResourceMetrics
-		tel.reader.Collect(ctx, &rm)
-		return sumOf(rm, "quota.slots.held", []attribute.KeyValue{attrMode.String("shared")}) == 0
-	})
-	rm = metricdata.ResourceMetrics{}
-	tel.reader.Collect(ctx, &rm)
-	if n := sumOf(rm, "quota.slot.events", []attribute.KeyValue{attrSlotEvent.String(slotHanded)}); n != 1 {
-		t.Errorf("%d slots handed, want 1: the second waited for the first's release", n)
-	}
-	if find(rm, "quota.slot.wait.duration") == nil {
-		t.Error("no quota.slot.wait.duration")
-	}
-}
-
-// TestSlotLingerTelemetry: a request cancelled after it was written keeps
-// its slot for the linger, in the gauge as lingering, then lets it go.
-func TestSlotLingerTelemetry(t *testing.T) {
-	redistest.Long(t)
-	t.Parallel()
-	rdb := newServerClient(t)
-	tel := newTelemetry(t)
-	arrived := make(chan struct{}, 1)
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		arrived <- struct{}{}
-		<-r.Context().Done()
-	}))
-	defer srv.Close()
-	const linger = 500 * time.Millisecond
-	client := &http.Client{Transport: NewTransport(rdb, fastLimit, tel.transportOptions(WithConcurrency(1), WithSlotLinger(linger))...)}
-	ctx, cancel := context.WithCancel(context.Background())
-	go func() {
-		<-arrived
-		cancel()
-	}()
-	req, _ := http.NewRequestWithContext(ctx, "GET", srv.URL, nil)
-	if _, err := client.Do(req); err == nil {
-		t.Fatal("want the cancellation")
-	}
-	cancelled := time.Now()
-	lingering := func() int64 {
-		var rm metricdata.ResourceMetrics
-		tel.reader.Collect(context.Background(), &rm)
-		return sumOf(rm, "quota.slots.held", []attribute.KeyValue{attrSlotState.String(slotLingering)})
-	}
-	if n := lingering(); n != 1 {
-		t.Errorf("%d slots lingering after the cancel, want 1", n)
-	}
-	// The slot is still held: another request waits for it.
-	req, _ = http.NewRequest("GET", srv.URL, nil)
-	wctx, wcancel := context.WithTimeout(context.Background(), linger/5)
-	defer wcancel()
-	if _, err := client.Do(req.WithContext(wctx)); !errors.Is(err, context.DeadlineExceeded) {
-		t.Errorf("a request during the linger: %v, want to wait for the slot", err)
-	}
-	eventually(t, 5*time.Second, "the lingering slot let go", func() bool { return lingering() == 0 })
-	if d := time.Since(cancelled); d < linger {
-		t.Errorf("let go %v after the cancel, want the linger, %v", d, linger)
-	}
-	var rm metricdata.ResourceMetrics
-	tel.reader.Collect(context.Background(), &rm)
-	if n := sumOf(rm, "quota.slot.events", []attribute.KeyValue{attrSlotEvent.String(slotLingered)}); n != 1 {
-		t.Errorf("%d lingered events, want 1", n)
-	}
-}
-
 // handOffs is a provider for a fleet that holds one slot: it remembers
 // when each request arrived and left, and from which worker process.
 type handOffs struct {
 	latency time.Duration
+	began   atomic.Int32 // requests that arrived, counted as they arrive
 
 	mu   sync.Mutex
 	reqs []handOff
@@ -638,6 +270,7 @@ type handOff struct {
 
 func (p *handOffs) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	arrived := time.Now()
+	p.began.Add(1)
 	time.Sleep(p.latency)
 	p.mu.Lock()
 	p.reqs = append(p.reqs, handOff{arrived, time.Now(), r.Header.Get(workerHeader)})
@@ -766,6 +399,7 @@ func TestHandOffTakesTheWaitersTokens(t *testing.T) {
 	for _, pause := range []time.Duration{0, 700 * time.Millisecond} {
 		p := &handOffs{latency: 300 * time.Millisecond}
 		provider := httptest.NewServer(p)
+		defer provider.Close() // open to the end: the next provider's port, which names its bucket, is another
 		name := provider.Listener.Addr().String()
 		lim := Limit{Rate: 5, Burst: 1}
 		clientFor := func(worker string) (*http.Client, *cmdCounter) {
@@ -792,16 +426,22 @@ func TestHandOffTakesTheWaitersTokens(t *testing.T) {
 		start := time.Now()
 		var wg sync.WaitGroup
 		wg.Go(func() { get(a) })
-		time.Sleep(50 * time.Millisecond)
+		// B asks once A holds the slot: its request is at the provider,
+		// however late a loaded machine ran A.
+		for p.began.Load() == 0 && time.Since(start) < 5*time.Second {
+			time.Sleep(5 * time.Millisecond)
+		}
+		start = time.Now()
 		wg.Go(func() { get(b) })
+		var pausedAt time.Time
 		if pause > 0 {
-			time.Sleep(time.Until(start.Add(100 * time.Millisecond)))
+			time.Sleep(time.Until(start.Add(50 * time.Millisecond)))
+			pausedAt = time.Now()
 			if err := NewLimiter(srv.Client(t)).Pause(context.Background(), name, pause); err != nil {
 				t.Fatal(err)
 			}
 		}
 		wg.Wait()
-		provider.Close()
 		var aLeft, bArrived time.Time
 		for _, r := range p.reqs {
 			switch r.worker {
@@ -826,9 +466,80 @@ func TestHandOffTakesTheWaitersTokens(t *testing.T) {
 		if pause == 0 && bArrived.Sub(aLeft) > 100*time.Millisecond {
 			t.Errorf("B arrived %v after A left, want at once", bArrived.Sub(aLeft))
 		}
-		// The pause began at 100 ms at the latest: it ends at 800 ms.
-		if ends := start.Add(100*time.Millisecond + pause); pause > 0 && bArrived.Before(ends.Add(-30*time.Millisecond)) {
+		// The pause began once the Pause call was made, at the earliest.
+		if ends := pausedAt.Add(pause); pause > 0 && bArrived.Before(ends.Add(-30*time.Millisecond)) {
 			t.Errorf("B arrived %v before the pause ended", ends.Sub(bArrived))
 		}
+	}
+}
+
+// TestSlotWaitersKeepTheRate: callers that wait for a concurrency slot
+// take their tokens once they hold it, so that what reaches the provider
+// keeps to the rate, and nothing reaches it inside a pause.
+func TestSlotWaitersKeepTheRate(t *testing.T) {
+	redistest.Long(t)
+	t.Parallel()
+	srv := redistest.Start(t)
+	p := &inFlight{latency: 2 * time.Second} // the provider holds each request 2s
+	provider := httptest.NewServer(p)
+	defer provider.Close()
+	lim := Limit{Rate: 10, Burst: 1}
+	var clients []*http.Client
+	for range 2 {
+		clients = append(clients, &http.Client{Transport: NewTransport(srv.Client(t), lim, WithConcurrency(5))})
+	}
+	start := time.Now()
+	stop := start.Add(6 * time.Second)
+	var wg sync.WaitGroup
+	var pausedAt atomic.Int64
+	for i := range 30 {
+		c := clients[i%2]
+		wg.Go(func() {
+			for time.Now().Before(stop) {
+				ctx, cancel := context.WithDeadline(context.Background(), stop.Add(3*time.Second))
+				req, _ := http.NewRequestWithContext(ctx, "GET", provider.URL, nil)
+				resp, err := c.Do(req)
+				cancel()
+				if err != nil {
+					if pausedAt.Load() == 0 && !errors.Is(err, context.DeadlineExceeded) {
+						t.Error(err)
+					}
+					return
+				}
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+		})
+	}
+	// The kill switch, 4s in.
+	time.Sleep(time.Until(start.Add(4 * time.Second)))
+	operator := NewLimiter(srv.Client(t))
+	if err := operator.Pause(context.Background(), provider.Listener.Addr().String(), Forever); err != nil {
+		t.Fatal(err)
+	}
+	paused := time.Now()
+	pausedAt.Store(paused.UnixNano())
+	wg.Wait()
+	p.mu.Lock()
+	arrived := slices.Clone(p.arrivals)
+	p.mu.Unlock()
+	before := arrived[:0:0]
+	for _, a := range arrived {
+		if a.Before(paused) {
+			before = append(before, a)
+		}
+	}
+	busiest := maxInWindow(before, time.Second)
+	after := between(arrived, paused.Add(100*time.Millisecond), paused.Add(3*time.Second))
+	t.Logf("30 callers, 10/s burst 1, 5 slots, 2s a request: %d arrivals before the pause, at most %d in a second (bound %d); %d from 100ms after Pause(Forever) returned to 3s after",
+		len(before), busiest, bound(lim, time.Second), after)
+	if busiest > bound(lim, time.Second)+1 {
+		t.Errorf("%d arrivals in a second, bound %d", busiest, bound(lim, time.Second))
+	}
+	if after != 0 {
+		t.Errorf("%d requests reached the provider during the pause", after)
+	}
+	if len(before) < 10 {
+		t.Errorf("%d arrivals before the pause: the slots let too few through", len(before))
 	}
 }

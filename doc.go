@@ -42,12 +42,19 @@
 // (WithCost, WithSettle). A bucket may obey several limits at once
 // (WithLayers, the layers of Limiter.WaitN).
 //
-// An operator can change a bucket's Limit and pause it at run time, for the
-// whole fleet (Limiter.SetLimit, Limiter.Pause, the quotactl command). A
-// bucket has one pause, whoever set it, written into the bucket in Redis:
-// every take sees it in the script, whatever its Limiter has heard. Each
-// Limiter listens for changes on one subscription, and its callers that
-// sleep or wait on a bucket also read its record every half second, so a
+// An LLM API meters each request on several limits at once, and tells
+// what it used only in its answer: WithMetering reserves a request's
+// amount of each Meter in one call and settles the reservation from the
+// answer's usage (Limiter.Reserve does the same for work that is not
+// HTTP). Package github.com/sharedquota/quota/llm holds the Meterings of
+// Anthropic's and OpenAI's APIs.
+//
+// An operator can change a bucket's Limit and pause it at run time, for
+// the whole fleet, and read it whole with the rate it grants
+// (Limiter.SetLimit, Pause and Status, package status, the quotactl
+// command). A bucket has one pause, whoever set it, which every take sees
+// in the script. Each Limiter listens for changes on one subscription, and
+// its callers asleep on a bucket read its record every half second, so a
 // lost announcement costs them at most that. Transports can share a
 // Limiter (WithLimiter).
 //

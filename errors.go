@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/sharedquota/quota/internal/obs"
 	"github.com/sharedquota/quota/internal/redisx"
 )
 
@@ -66,65 +67,23 @@ func (deadlineError) Error() string { return "quota: wait would exceed the conte
 
 func (deadlineError) Is(target error) bool { return target == context.DeadlineExceeded }
 
-// The outcomes of an acquisition, as its span and metrics name them.
-const (
-	outcomeGranted   = "granted"
-	outcomeRefused   = "refused"
-	outcomeCancelled = "cancelled"
-	outcomeError     = "error"
-)
-
 // sentinels is the one table of what each error means: its error.type, the
 // outcome it gives an acquisition, and whether it is permanent (see
 // Permanent). Earlier rows win, so ErrWouldExceedDeadline comes before the
 // context.DeadlineExceeded it also matches.
-var sentinels = []struct {
-	err       error
-	errorType string
-	outcome   string
-	permanent bool
-}{
-	{ErrWouldExceedDeadline, "would_exceed_deadline", outcomeRefused, true},
-	{ErrWouldWait, "would_wait", outcomeRefused, false},
-	{ErrUnavailable, "unavailable", outcomeRefused, true},
-	{ErrScript, "script", outcomeError, true},
-	{ErrNoPermission, "no_permission", outcomeError, true},
-	{ErrInvalidLimit, "invalid_limit", outcomeError, true},
-	{ErrInvalidTokens, "invalid_tokens", outcomeError, true},
-	{ErrExceedsBurst, "exceeds_burst", outcomeError, true},
-	{ErrInvalidKey, "invalid_key", outcomeError, true},
-	{ErrInvalidPriority, "invalid_priority", outcomeError, true},
-	{context.Canceled, "canceled", outcomeCancelled, false},
-	{context.DeadlineExceeded, "deadline_exceeded", outcomeCancelled, false},
-}
-
-// sentinelOf returns the row of sentinels that err matches, or false.
-func sentinelOf(err error) (int, bool) {
-	for i, s := range sentinels {
-		if errors.Is(err, s.err) {
-			return i, true
-		}
-	}
-	return 0, false
-}
-
-// outcome names how an acquisition ended.
-func outcome(err error) string {
-	if err == nil {
-		return outcomeGranted
-	}
-	if i, ok := sentinelOf(err); ok {
-		return sentinels[i].outcome
-	}
-	return outcomeError
-}
-
-// errorType is the low-cardinality error.type of err.
-func errorType(err error) string {
-	if i, ok := sentinelOf(err); ok {
-		return sentinels[i].errorType
-	}
-	return "_OTHER"
+var sentinels = obs.Sentinels{
+	{Err: ErrWouldExceedDeadline, Type: "would_exceed_deadline", Outcome: obs.Refused, Permanent: true},
+	{Err: ErrWouldWait, Type: "would_wait", Outcome: obs.Refused},
+	{Err: ErrUnavailable, Type: "unavailable", Outcome: obs.Refused},
+	{Err: ErrScript, Type: "script", Outcome: obs.Failed, Permanent: true},
+	{Err: ErrNoPermission, Type: "no_permission", Outcome: obs.Failed, Permanent: true},
+	{Err: ErrInvalidLimit, Type: "invalid_limit", Outcome: obs.Failed, Permanent: true},
+	{Err: ErrInvalidTokens, Type: "invalid_tokens", Outcome: obs.Failed, Permanent: true},
+	{Err: ErrExceedsBurst, Type: "exceeds_burst", Outcome: obs.Failed, Permanent: true},
+	{Err: ErrInvalidKey, Type: "invalid_key", Outcome: obs.Failed, Permanent: true},
+	{Err: ErrInvalidPriority, Type: "invalid_priority", Outcome: obs.Failed, Permanent: true},
+	{Err: context.Canceled, Type: "canceled", Outcome: obs.Cancelled},
+	{Err: context.DeadlineExceeded, Type: "deadline_exceeded", Outcome: obs.Cancelled},
 }
 
 // classify turns an error of a Redis call into the error a caller gets: the

@@ -9,14 +9,19 @@ import (
 	"time"
 
 	"github.com/sharedquota/quota"
+	"github.com/sharedquota/quota/internal/standin"
+	"github.com/sharedquota/quota/llm"
 )
+
+// Examples of the Limiter's own calls (limiter.go, concurrency.go,
+// meter.go): Wait, Allow, WaitN, AcquireSlot and Reserve.
 
 // A Limiter gates work that is not an HTTP request: here, mail through a
 // relay that takes six a minute, three at once.
 func ExampleLimiter_Wait() {
-	redisServer := standInRedis()
+	redisServer := standin.Redis()
 	defer redisServer.Close()
-	rdb := standInClient(redisServer)
+	rdb := standin.Client(redisServer)
 	defer rdb.Close()
 
 	// README:
@@ -46,9 +51,9 @@ func ExampleLimiter_Wait() {
 // A caller that would rather do something else than wait takes a token
 // only if there is one now.
 func ExampleLimiter_Allow() {
-	redisServer := standInRedis()
+	redisServer := standin.Redis()
 	defer redisServer.Close()
-	rdb := standInClient(redisServer)
+	rdb := standin.Client(redisServer)
 	defer rdb.Close()
 	l := quota.NewLimiter(rdb)
 	errBusy := errors.New("busy: try later")
@@ -77,9 +82,9 @@ func ExampleLimiter_Allow() {
 // A bucket can obey several Limits at once: every call takes its tokens
 // from all of them or from none.
 func ExampleLimiter_WaitN() {
-	redisServer := standInRedis()
+	redisServer := standin.Redis()
 	defer redisServer.Close()
-	rdb := standInClient(redisServer)
+	rdb := standin.Client(redisServer)
 	defer rdb.Close()
 	l := quota.NewLimiter(rdb)
 	ctx := context.Background()
@@ -101,9 +106,9 @@ func ExampleLimiter_WaitN() {
 
 // At most four jobs of a batch API run at once across the fleet.
 func ExampleLimiter_AcquireSlot() {
-	redisServer := standInRedis()
+	redisServer := standin.Redis()
 	defer redisServer.Close()
-	rdb := standInClient(redisServer)
+	rdb := standin.Client(redisServer)
 	defer rdb.Close()
 	l := quota.NewLimiter(rdb)
 	running, finish := make(chan struct{}, 8), make(chan struct{})
@@ -137,4 +142,68 @@ func ExampleLimiter_AcquireSlot() {
 	// Output:
 	// a fifth job while four run: context deadline exceeded
 	// a sixth job once they finished: <nil>
+}
+
+// Work that is not an http.Request reserves its amount of each limit and
+// settles with what it used.
+func ExampleLimiter_Reserve() {
+	redisServer := standin.Redis()
+	defer redisServer.Close()
+	rdb := standin.Client(redisServer)
+	defer rdb.Close()
+	l := quota.NewLimiter(rdb)
+	ctx := context.Background()
+
+	// README:
+	meters := []quota.Meter{
+		{Name: quota.MeterRequests, Limit: quota.PerMinute(50)},
+		{Name: llm.MeterInputTokens, Limit: llm.PerMinute(40000)},
+		{Name: llm.MeterOutputTokens, Limit: llm.PerMinute(8000)},
+	}
+	r, err := l.Reserve(ctx, "anthropic", meters, quota.Usage{
+		quota.MeterRequests: 1, llm.MeterInputTokens: 1200, llm.MeterOutputTokens: 1024,
+	})
+	if err != nil {
+		return // ctx ended first, or Redis is unavailable under FailClosed
+	}
+	// ... call the API ...
+	r.Settle(quota.Usage{llm.MeterInputTokens: 1187, llm.MeterOutputTokens: 311})
+	// end README
+
+	if err := l.Flush(ctx); err != nil { // the settle, before the process exits
+		log.Fatal(err)
+	}
+	fmt.Println("reserved", r.Reserved()[llm.MeterOutputTokens], "output tokens, settled with 311")
+	// Output: reserved 1024 output tokens, settled with 311
+}
+
+// A daily quota refills all at once at a time of day in a zone, beside
+// the bucket's rate, in the same call.
+func ExampleDaily() {
+	redisServer := standin.Redis()
+	defer redisServer.Close()
+	rdb := standin.Client(redisServer)
+	defer rdb.Close()
+	// The stand-in's clock stands still: the Limiter's reads it too.
+	l := quota.NewLimiter(rdb, quota.WithClock(func() time.Time { return time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC) }))
+	ctx := context.Background()
+
+	// README:
+	// 10 requests a second, and 2 a day, which refill at midnight Pacific time.
+	pacific, err := time.LoadLocation("America/Los_Angeles")
+	if err != nil {
+		log.Fatal(err)
+	}
+	day := quota.Daily(2, 0, pacific)
+	for range 3 {
+		ok, err := l.AllowN(ctx, "gemini", 1, quota.PerSecond(10), day)
+		fmt.Println(ok, err)
+	}
+	// end README
+	fmt.Println(day)
+	// Output:
+	// true <nil>
+	// true <nil>
+	// false <nil>
+	// 2 a day from 00:00 America/Los_Angeles
 }

@@ -7,14 +7,17 @@ import (
 	"time"
 
 	"github.com/sharedquota/quota"
+	"github.com/sharedquota/quota/internal/standin"
 )
+
+// Examples of the operator's calls (operate.go).
 
 // An operator lowers a bucket's Limit and pauses it for the whole fleet,
 // then lifts both.
 func ExampleLimiter_SetLimit() {
-	redisServer := standInRedis()
+	redisServer := standin.Redis()
 	defer redisServer.Close()
-	rdb := standInClient(redisServer)
+	rdb := standin.Client(redisServer)
 	defer rdb.Close()
 	ctx := context.Background()
 	worker := quota.NewLimiter(rdb) // a worker of the fleet, at 100/s

@@ -10,14 +10,18 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/sharedquota/quota"
+	"github.com/sharedquota/quota/internal/standin"
 )
+
+// Examples of outages: FallbackLocal (policy.go, fallback.go) and
+// RedisOptions (redisopts.go).
 
 // While Redis is unavailable each of at most four workers grants from a
 // local quarter of the limit, and says so once in its log.
 func ExampleFallbackLocal() {
-	redisServer := standInRedis()
-	defer standInProvider(ok)()
-	rdb := standInClient(redisServer)
+	redisServer := standin.Redis()
+	defer standin.Provider(ok)()
+	rdb := standin.Client(redisServer)
 	defer rdb.Close()
 	// A log without the time, the address and the cause, which change
 	// from run to run.

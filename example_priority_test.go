@@ -7,15 +7,18 @@ import (
 	"time"
 
 	"github.com/sharedquota/quota"
+	"github.com/sharedquota/quota/internal/standin"
 )
+
+// Examples of priorities (priority.go).
 
 // Interactive requests jump the queue that a batch keeps on the bucket:
 // every process that shares it serves the higher priority first.
 func ExampleWithPriority() {
-	redisServer := standInRedis()
+	redisServer := standin.Redis()
 	defer redisServer.Close()
-	defer standInProvider(func(w http.ResponseWriter, r *http.Request) {})()
-	rdb := standInClient(redisServer)
+	defer standin.Provider(func(w http.ResponseWriter, r *http.Request) {})()
+	rdb := standin.Client(redisServer)
 	defer rdb.Close()
 
 	// README:

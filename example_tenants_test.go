@@ -10,7 +10,10 @@ import (
 	"github.com/alicebob/miniredis/v2"
 
 	"github.com/sharedquota/quota"
+	"github.com/sharedquota/quota/internal/standin"
 )
+
+// Examples of tenants (tenants.go).
 
 // Two customers keep a queue on one bucket: the one weighted 3 gets three
 // requests for each of the other's, in every process that shares it.
@@ -20,8 +23,8 @@ func ExampleWithTenants() {
 		panic(err)
 	}
 	defer redisServer.Close()
-	defer standInProvider(func(w http.ResponseWriter, r *http.Request) {})()
-	rdb := standInClient(redisServer)
+	defer standin.Provider(func(w http.ResponseWriter, r *http.Request) {})()
+	rdb := standin.Client(redisServer)
 	defer rdb.Close()
 
 	// README:

@@ -7,60 +7,20 @@ import (
 	"net/http/httptest"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 	"github.com/sharedquota/quota"
+	"github.com/sharedquota/quota/internal/standin"
 )
 
-// The examples run against stand-ins, so that they print the same every
-// time: for the fleet's Redis, a miniredis whose clock stands still; for
-// the provider, a function that answers every request sent through
-// http.DefaultTransport, without a network.
+// The examples run against stand-ins (internal/standin), so that they
+// print the same every time: for the fleet's Redis, a miniredis whose
+// clock stands still; for the provider, a function that answers every
+// request sent through http.DefaultTransport, without a network.
 //
 // The code between a "// README:" line and the next "// end README" line
 // of an Example is a Go block of README.md or of a page under docs/, and
 // TestREADMEGoBlocksAreExamples checks that it is. The lines outside those
 // markers set up the stand-ins and print what the example shows.
-
-// standInRedis starts a stand-in for the fleet's Redis.
-func standInRedis() *miniredis.Miniredis {
-	mr, err := miniredis.Run()
-	if err != nil {
-		log.Fatal(err)
-	}
-	mr.SetTime(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
-	return mr
-}
-
-// standInClient returns a client of the stand-in Redis with the options of
-// quota.RedisOptions, but timeouts long enough that a loaded test machine
-// does not pass for an outage.
-func standInClient(mr *miniredis.Miniredis) *redis.Client {
-	o := quota.RedisOptions(mr.Addr())
-	o.DialTimeout, o.ReadTimeout, o.WriteTimeout, o.PoolTimeout = 5*time.Second, 5*time.Second, 5*time.Second, 5*time.Second
-	return redis.NewClient(o)
-}
-
-// roundTripFunc is an http.RoundTripper made of a function.
-type roundTripFunc func(*http.Request) (*http.Response, error)
-
-func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
-
-// standInProvider makes answer reply to every request sent through
-// http.DefaultTransport, the base RoundTripper of a Transport without
-// WithBase, until the returned function restores it. The Transport must be
-// made after the call.
-func standInProvider(answer func(w http.ResponseWriter, r *http.Request)) (restore func()) {
-	saved := http.DefaultTransport
-	http.DefaultTransport = roundTripFunc(func(r *http.Request) (*http.Response, error) {
-		w := httptest.NewRecorder()
-		answer(w, r)
-		resp := w.Result()
-		resp.Request = r
-		return resp, nil
-	})
-	return func() { http.DefaultTransport = saved }
-}
 
 // ok answers 200 OK.
 func ok(w http.ResponseWriter, r *http.Request) {}
@@ -68,16 +28,16 @@ func ok(w http.ResponseWriter, r *http.Request) {}
 // Every worker of the fleet runs the same program: together they send the
 // provider at most 300 requests a minute, however many workers run.
 func Example() {
-	redisServer := standInRedis()
+	redisServer := standin.Redis()
 	defer redisServer.Close()
-	defer standInProvider(ok)()
+	defer standin.Provider(ok)()
 
 	// README:
 	// One client per process, shared by every Transport and Limiter.
 	rdb := redis.NewClient(quota.RedisOptions("localhost:6379"))
 	// end README
 	rdb.Close()
-	rdb = standInClient(redisServer) // the stand-in instead of localhost:6379
+	rdb = standin.Client(redisServer) // the stand-in instead of localhost:6379
 	// README:
 	defer rdb.Close()
 
@@ -101,10 +61,10 @@ func Example() {
 // A provider that meters each region separately gets a bucket per host and
 // region, and one endpoint with a limit of its own.
 func ExampleNewTransport_regions() {
-	redisServer := standInRedis()
+	redisServer := standin.Redis()
 	defer redisServer.Close()
-	defer standInProvider(ok)()
-	rdb := standInClient(redisServer)
+	defer standin.Provider(ok)()
+	rdb := standin.Client(redisServer)
 	defer rdb.Close()
 
 	// README:
@@ -141,10 +101,10 @@ func ExampleNewTransport_regions() {
 // A provider that allows 10 requests a second, 300 a minute and 10,000 a
 // day: every request takes a token from all three layers in one Redis call.
 func ExampleWithLayers() {
-	redisServer := standInRedis()
+	redisServer := standin.Redis()
 	defer redisServer.Close()
-	defer standInProvider(ok)()
-	rdb := standInClient(redisServer)
+	defer standin.Provider(ok)()
+	rdb := standin.Client(redisServer)
 	defer rdb.Close()
 
 	// README:

@@ -12,17 +12,22 @@ import (
 
 	"github.com/hashicorp/go-retryablehttp"
 	"github.com/sharedquota/quota"
+	"github.com/sharedquota/quota/internal/standin"
 )
+
+// Examples of the Transport and its options (transport.go, options.go,
+// metering.go, keyfunc.go, retry.go): WithSettle, WithConcurrency,
+// CheckRetry, WithNoWait, WithDryRun, WithLimiter and AllowNames.
 
 // A request to a batch endpoint is charged what it may cost, and settled
 // with what the provider says it cost once the response is in.
 func ExampleWithSettle() {
-	redisServer := standInRedis()
+	redisServer := standin.Redis()
 	defer redisServer.Close()
-	defer standInProvider(func(w http.ResponseWriter, r *http.Request) {
+	defer standin.Provider(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("X-Usage", "3")
 	})()
-	rdb := standInClient(redisServer)
+	rdb := standin.Client(redisServer)
 	defer rdb.Close()
 
 	// README:
@@ -57,11 +62,11 @@ func ExampleWithSettle() {
 // However many requests run at once, no more than four of a bucket are in
 // flight across the fleet.
 func ExampleWithConcurrency() {
-	redisServer := standInRedis()
+	redisServer := standin.Redis()
 	defer redisServer.Close()
 	var mu sync.Mutex
 	inFlight, most := 0, 0
-	defer standInProvider(func(w http.ResponseWriter, r *http.Request) {
+	defer standin.Provider(func(w http.ResponseWriter, r *http.Request) {
 		mu.Lock()
 		inFlight++
 		most = max(most, inFlight)
@@ -71,7 +76,7 @@ func ExampleWithConcurrency() {
 		inFlight--
 		mu.Unlock()
 	})()
-	rdb := standInClient(redisServer)
+	rdb := standin.Client(redisServer)
 	defer rdb.Close()
 
 	// README:
@@ -97,16 +102,16 @@ func ExampleWithConcurrency() {
 // A retrying client outside the Transport: every attempt takes a token of
 // its own, and the package's permanent refusals are not retried.
 func ExampleCheckRetry() {
-	redisServer := standInRedis()
+	redisServer := standin.Redis()
 	defer redisServer.Close()
 	attempts := 0
-	defer standInProvider(func(w http.ResponseWriter, r *http.Request) {
+	defer standin.Provider(func(w http.ResponseWriter, r *http.Request) {
 		attempts++
 		if attempts == 1 {
 			w.WriteHeader(http.StatusServiceUnavailable)
 		}
 	})()
-	rdb := standInClient(redisServer)
+	rdb := standin.Client(redisServer)
 	defer rdb.Close()
 
 	// README:
@@ -128,23 +133,24 @@ func ExampleCheckRetry() {
 	}
 	fmt.Printf("%s after %d attempts, %g tokens taken\n", resp.Status, attempts, st.Limit.Burst-st.Tokens)
 
-	// A request that cannot take its token (here, Redis gone under
-	// FailClosed) is not retried, and not sent.
+	// A request that cannot take its token while Redis is gone under
+	// FailClosed is retried with backoff, as an outage may be short, and
+	// is never sent without one.
 	redisServer.Close()
 	_, err = client.Get("https://api.example.com/v1/geocode")
 	fmt.Println(errors.Is(err, quota.ErrUnavailable), quota.Permanent(err), attempts)
 	// Output:
 	// 200 OK after 2 attempts, 2 tokens taken
-	// true true 2
+	// true false 2
 }
 
 // A caller that would rather not wait gets an error at once, and nothing
 // is sent.
 func ExampleWithNoWait() {
-	redisServer := standInRedis()
+	redisServer := standin.Redis()
 	defer redisServer.Close()
-	defer standInProvider(ok)()
-	rdb := standInClient(redisServer)
+	defer standin.Provider(ok)()
+	rdb := standin.Client(redisServer)
 	defer rdb.Close()
 
 	// README:
@@ -169,10 +175,10 @@ func ExampleWithNoWait() {
 // Under a dry run every request goes at once, and the bucket and the
 // telemetry record what enforcement would have done.
 func ExampleWithDryRun() {
-	redisServer := standInRedis()
+	redisServer := standin.Redis()
 	defer redisServer.Close()
-	defer standInProvider(ok)()
-	rdb := standInClient(redisServer)
+	defer standin.Provider(ok)()
+	rdb := standin.Client(redisServer)
 	defer rdb.Close()
 
 	// README:
@@ -198,10 +204,10 @@ func ExampleWithDryRun() {
 // Transports of one process can share a Limiter: one subscription to
 // Redis, one view of each bucket, one breaker.
 func ExampleWithLimiter() {
-	redisServer := standInRedis()
+	redisServer := standin.Redis()
 	defer redisServer.Close()
-	defer standInProvider(ok)()
-	rdb := standInClient(redisServer)
+	defer standin.Provider(ok)()
+	rdb := standin.Client(redisServer)
 	defer rdb.Close()
 
 	// README:
@@ -221,6 +227,11 @@ func ExampleWithLimiter() {
 		resp.Body.Close()
 	}
 	fmt.Println(search.Limiter() == upload.Limiter())
+	// The upload's slot goes back to Redis within a millisecond; Flush
+	// sends it at once, so that only the buckets' keys remain.
+	if err := l.Flush(context.Background()); err != nil {
+		log.Fatal(err)
+	}
 	for _, key := range redisServer.Keys() {
 		fmt.Println(key)
 	}
@@ -230,16 +241,15 @@ func ExampleWithLimiter() {
 	// quota:{search}:ctl
 	// quota:{upload}
 	// quota:{upload}:ctl
-	// quota:{upload}:slots
 }
 
 // Where requests may go to arbitrary URLs, only the buckets listed are
 // used; every other request fails before it is sent.
 func ExampleAllowNames() {
-	redisServer := standInRedis()
+	redisServer := standin.Redis()
 	defer redisServer.Close()
-	defer standInProvider(ok)()
-	rdb := standInClient(redisServer)
+	defer standin.Provider(ok)()
+	rdb := standin.Client(redisServer)
 	defer rdb.Close()
 
 	// README:

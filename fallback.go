@@ -5,55 +5,27 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
-	"math"
 	"time"
 
 	"github.com/sharedquota/quota/internal/breaker"
 	"github.com/sharedquota/quota/internal/control"
-	"github.com/sharedquota/quota/internal/local"
-	"github.com/sharedquota/quota/internal/redisx"
 	"github.com/sharedquota/quota/internal/store"
-	"golang.org/x/time/rate"
+	"github.com/sharedquota/quota/internal/updates"
 )
 
 // localWait waits for n from this process's share of every layer, or
 // takes it only if the shares have it now when noWait is set, and returns
 // how long it waited, or under dry run would have.
 func (l *Limiter) localWait(ctx context.Context, b bucket, n store.Cost, noWait bool) (time.Duration, error) {
-	now := time.Now()
-	var delay time.Duration
-	var rs []*rate.Reservation
-	cancel := func() {
-		for _, r := range rs {
-			r.CancelAt(now)
-		}
+	r, err := l.locals.Reserve(b.Bucket, n, l.workers.Divisor(l.cfg.policy.workers))
+	if err != nil {
+		l.breaker.Refused()
+		return 0, fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
-	for i, lim := range b.Lims {
-		tokens := int(math.Ceil(n.Of(i)))
-		if tokens == 0 {
-			continue // a meter asked nothing
-		}
-		rl, err := l.locals.Get(b.Name, b.Keys[0], b.Keys[i], local.Limit(lim), l.workers.Divisor(l.cfg.policy.workers))
-		if err != nil {
-			cancel()
-			l.breaker.Refused()
-			return 0, fmt.Errorf("%w: %w", ErrUnavailable, err)
-		}
-		if tokens > rl.Burst() {
-			cancel()
-			l.breaker.Refused()
-			return 0, fmt.Errorf("%w: %d tokens exceed this worker's local share of the burst, %d", ErrUnavailable, tokens, rl.Burst())
-		}
-		r := rl.ReserveN(now, tokens)
-		rs = append(rs, r)
-		delay = max(delay, r.DelayFrom(now))
-	}
-	maxWait, deadline := l.maxWait(ctx)
-	if noWait {
-		maxWait = 0
-	}
+	delay := r.Delay
+	maxWait, deadline := l.maxWait(ctx, noWait)
 	if delay > maxWait {
-		cancel()
+		r.Undo()
 		switch {
 		case noWait:
 			return 0, fmt.Errorf("%w: %q needs %v", ErrWouldWait, b.Name, delay)
@@ -72,9 +44,7 @@ func (l *Limiter) localWait(ctx context.Context, b bucket, n store.Cost, noWait 
 		return delay, nil // the share keeps the reservation, as if slept on
 	}
 	if err := sleep(ctx, delay); err != nil {
-		for _, r := range rs {
-			r.Cancel()
-		}
+		r.Cancel()
 		return 0, err
 	}
 	l.breaker.Served()
@@ -82,43 +52,24 @@ func (l *Limiter) localWait(ctx context.Context, b bucket, n store.Cost, noWait 
 }
 
 // settleLocal hands the shared bucket, when it resumes, the state of the
-// local shares: it holds at most what this worker's share holds, times the
-// workers, so that a bucket Redis forgot (or kept from before the outage,
-// full by now) does not release a burst on top of what the local shares
-// just sent; and it is charged the tokens this worker's share promised to
-// callers still sleeping, so that their grants and the shared bucket's do
-// not overlap. Every worker does so at the instant the fleet agreed on
-// (resumeIn), so that no worker draws on the shared bucket while another
-// still spends its local share.
-//
-// A failure that says Redis is unavailable again is returned: the outage
-// goes on. Any other is counted and logged, and leaves that bucket as
-// Redis has it.
+// local shares (see local.Shares.Settle), once the slots in use are held
+// in Redis again. A failure that says Redis is unavailable again is
+// returned: the outage goes on. Any other is counted and logged, and
+// leaves that bucket as Redis has it.
 func (l *Limiter) settleLocal() error {
 	if err := l.registerSlots(); err != nil {
 		return err
 	}
-	if !l.handOver {
+	if l.off(handOver) {
 		return nil
 	}
-	workers := float64(l.workers.Divisor(l.cfg.policy.workers))
-	for _, s := range l.locals.Shares() {
-		// One layer at a time, under the bucket's control record.
-		b := store.Bucket{Name: s.Name, Keys: []string{s.Key}, Lims: []store.Limit{store.Limit(s.Limit)}, Call: []string{s.Key, s.First + control.Suffix}}
-		ctx, cancel := context.WithTimeout(context.Background(), breaker.ProbeTimeout)
-		err := l.store.Lower(ctx, b, max(s.Tokens, 0)*workers)
-		if err == nil && s.Tokens < 0 {
-			err = l.store.Adjust(ctx, b, store.Tokens(-s.Tokens), "")
+	return l.locals.Settle(l.store, l.workers.Divisor(l.cfg.policy.workers), func(err error) bool {
+		if l.unavailable(err) {
+			return true
 		}
-		cancel()
-		if err != nil {
-			if errors.Is(l.classify(context.Background(), err), ErrUnavailable) {
-				return err
-			}
-			l.updates.failed(updateSettleLocal, err)
-		}
-	}
-	return nil
+		l.updates.Failed(updates.SettleLocal, err)
+		return false
+	})
 }
 
 // resumeDelay is how long after the first Limiter finds Redis again the
@@ -132,38 +83,17 @@ const resumeDelay = breaker.MaxBackoff + 250*time.Millisecond
 // shares, and when Redis cannot say.
 func (l *Limiter) resumeIn(ctx context.Context) time.Duration {
 	_ = l.registerSlots() // again at the resume: settleLocal
-	if l.cfg.policy.mode() != ModeLocal || !l.handOver {
+	if l.cfg.policy.mode() != ModeLocal || l.off(handOver) {
 		return 0
 	}
 	d, at, _ := l.resume.In(ctx, resumeDelay, l.store.Now())
-	if d > 0 {
-		l.holdShared(ctx, at)
+	if d > 0 && !l.off(joins) {
+		// The buckets the local shares served grant nothing before the
+		// fleet resumes them (see local.Shares.Hold); a failure leaves
+		// that bucket unheld.
+		l.locals.Hold(ctx, l.store, at, func(err error) { l.updates.Failed(updates.SettleLocal, err) })
 	}
 	return d
-}
-
-// holdShared has the buckets this Limiter's local shares served grant
-// nothing before at (µs, the scripts' clock), when the fleet resumes them: a Limiter that did not
-// see the outage, its callers asleep on their grants meanwhile, would
-// otherwise take from the shared bucket while the others still spend
-// their shares. Its takes find the instant in the bucket's control
-// record, and it joins the hand-over (see granted). A failure leaves
-// that bucket unheld.
-func (l *Limiter) holdShared(ctx context.Context, at int64) {
-	if l.noJoin {
-		return
-	}
-	held := map[string]bool{}
-	for _, s := range l.locals.Shares() {
-		if held[s.First] {
-			continue // one record for every layer of a bucket
-		}
-		held[s.First] = true
-		b := store.Bucket{Name: s.Name, Keys: []string{s.First}, Lims: []store.Limit{store.Limit(s.Limit)}, Call: []string{s.First, s.First + control.Suffix}}
-		if err := l.store.Resuming(ctx, b, at); err != nil {
-			l.updates.failed(updateSettleLocal, err)
-		}
-	}
 }
 
 // errResuming is the cause of an outage a Limiter learns of from the
@@ -175,17 +105,13 @@ var errResuming = errors.New("the fleet is still on its local shares after an ou
 // grants through an outage, taking nothing, learns of it so, and takes
 // part in the hand-over when Redis is back.
 func (l *Limiter) readFailed(e *control.Entry, err error) {
-	if l.noJoin || !errors.Is(l.classify(context.Background(), err), ErrUnavailable) {
+	if l.off(joins) || !l.unavailable(err) {
 		return
 	}
-	l.breaker.Trip(e.Name(), func(ctx context.Context) error {
-		redisx.ReloadCluster(ctx, l.store.Client())
+	l.breaker.Trip(e.Name(), l.asking(func(ctx context.Context) error {
 		_, err := l.controls.ReadNow(ctx, e)
-		if err != nil && errors.Is(l.classify(context.Background(), err), ErrUnavailable) {
-			return err
-		}
-		return nil
-	}, err)
+		return err
+	}), err)
 }
 
 // registerSlots holds in Redis the concurrency slots in use here that it
@@ -199,8 +125,7 @@ func (l *Limiter) registerSlots() error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), breaker.ProbeTimeout)
 	defer cancel()
-	err := l.slots.Register(ctx)
-	if err != nil && errors.Is(l.classify(context.Background(), err), ErrUnavailable) {
+	if err := l.slots.Register(ctx); err != nil && l.unavailable(err) {
 		return err
 	}
 	return nil

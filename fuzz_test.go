@@ -14,6 +14,9 @@ import (
 	"github.com/sharedquota/quota/internal/store"
 )
 
+// Fuzz tests of the key functions (keyfunc.go, bucket.go) and of the script
+// (internal/store) on a real redis-server.
+
 // FuzzKeys feeds arbitrary URLs, Host headers and region headers to the
 // key functions: none may panic, and no Redis key may pass the bound.
 func FuzzKeys(f *testing.F) {

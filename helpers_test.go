@@ -1,24 +1,46 @@
 package quota
 
 import (
+	"bytes"
 	"context"
+	"errors"
 	"fmt"
+	"io"
+	"log/slog"
 	"maps"
-	"math"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 	"github.com/sharedquota/quota/internal/control"
+	"github.com/sharedquota/quota/internal/logtest"
+	"github.com/sharedquota/quota/internal/obs"
+	"github.com/sharedquota/quota/internal/redistest"
+	"github.com/sharedquota/quota/internal/slots"
 	"github.com/sharedquota/quota/internal/store"
+	"go.opentelemetry.io/otel/attribute"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
 )
 
-// Helpers shared by the package's tests.
+// Helpers shared by the tests of several files: Redis servers and clients,
+// counting the commands a client sends, waiting for a condition or a mode,
+// providers, telemetry and logs. The helpers that time grants and requests
+// are in helpers_timing_test.go; those that run fleets, in fleet_test.go.
 
 // newMini starts a miniredis and returns it with a client and the client's
 // command counter.
@@ -35,19 +57,24 @@ func newMini(t *testing.T) (*miniredis.Miniredis, *redis.Client, *cmdCounter) {
 // cmdCounter is a go-redis hook that counts the commands a client sends,
 // pipelined or not, by name ("evalsha", "eval", "script load", ...).
 type cmdCounter struct {
-	mu  sync.Mutex
-	n   map[string]int
-	ops map[string]int // the scripts' calls by operation (their ARGV[1])
+	mu     sync.Mutex
+	n      map[string]int
+	ops    map[string]int // the scripts' calls by operation (their ARGV[1])
+	landed map[string]int // those of ops that Redis has answered
 }
 
-func newCmdCounter() *cmdCounter { return &cmdCounter{n: map[string]int{}, ops: map[string]int{}} }
+func newCmdCounter() *cmdCounter {
+	return &cmdCounter{n: map[string]int{}, ops: map[string]int{}, landed: map[string]int{}}
+}
 
 func (c *cmdCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
 
 func (c *cmdCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		c.count(cmd)
-		return next(ctx, cmd)
+		err := next(ctx, cmd)
+		c.answered(cmd)
+		return err
 	}
 }
 
@@ -56,7 +83,20 @@ func (c *cmdCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.P
 		for _, cmd := range cmds {
 			c.count(cmd)
 		}
-		return next(ctx, cmds)
+		err := next(ctx, cmds)
+		for _, cmd := range cmds {
+			c.answered(cmd)
+		}
+		return err
+	}
+}
+
+// answered counts cmd, a script's call, in landed once Redis answered it.
+func (c *cmdCounter) answered(cmd redis.Cmder) {
+	if op := scriptOp(cmd); op != "" && cmd.Err() == nil {
+		c.mu.Lock()
+		c.landed[op]++
+		c.mu.Unlock()
 	}
 }
 
@@ -84,6 +124,14 @@ func (c *cmdCounter) count(cmd redis.Cmder) {
 	c.mu.Unlock()
 }
 
+// landedOp returns how many of the scripts' calls of operation op Redis
+// has answered.
+func (c *cmdCounter) landedOp(op string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.landed[op]
+}
+
 // byOp returns the scripts' calls by operation.
 func (c *cmdCounter) byOp() map[string]int {
 	c.mu.Lock()
@@ -100,7 +148,7 @@ func isRecordOp(args []any) bool {
 		return false
 	}
 	switch fmt.Sprint(args[3+numkeys]) {
-	case "read", "status", "limit", "clear", "hold", "resume":
+	case "read", "limit", "clear", "hold", "resume":
 		return true
 	}
 	return false
@@ -134,6 +182,7 @@ func (c *cmdCounter) reset() {
 	defer c.mu.Unlock()
 	clear(c.n)
 	clear(c.ops)
+	clear(c.landed)
 }
 
 func (c *cmdCounter) String() string {
@@ -168,248 +217,6 @@ func waitForMode(t testing.TB, l *Limiter, m Mode, d time.Duration) time.Duratio
 	return eventually(t, d, "mode "+m.String(), func() bool { return l.Mode() == m })
 }
 
-// Grant instants. A take's reply says when the script granted its tokens,
-// in the clock the script read (the server's, the same as this machine's,
-// unless WithClock), to the microsecond: the exactness of the limiter,
-// apart from when the caller happened to wake up.
-
-// dueKey marks an acquisition's context with the *dueRecord that dueHook
-// fills in.
-type dueKey struct{}
-
-// dueRecord is what dueHook learned of an acquisition's granted take.
-type dueRecord struct {
-	Due     time.Time     // when the script granted the tokens; zero before a granted take
-	Waited  bool          // the reply carried a wait, and Due follows from its tats
-	Wait    time.Duration // the wait the reply reported
-	Sent    time.Time     // when the take was sent
-	Replied time.Time     // and when its reply arrived
-	Now     time.Time     // the script's now, when the take carried the caller's clock (WithClock)
-	Behind  time.Duration // how far the clock the script read runs behind this machine's; the caller sets it
-	Asked   time.Time     // when the caller asked, if later than the swarm's call (workerSpec.Rest)
-
-	granted chan struct{} // closed at the first granted take
-}
-
-// withDueRecord returns ctx marked with a new dueRecord, for dueHook.
-func withDueRecord(ctx context.Context) (context.Context, *dueRecord) {
-	rec := &dueRecord{granted: make(chan struct{})}
-	return context.WithValue(ctx, dueKey{}, rec), rec
-}
-
-// dueRecordOf returns the dueRecord ctx is marked with, or nil.
-func dueRecordOf(ctx context.Context) *dueRecord {
-	rec, _ := ctx.Value(dueKey{}).(*dueRecord)
-	return rec
-}
-
-// setDue records a grant at due; the first closes rec.granted.
-func (rec *dueRecord) setDue(due time.Time, waited bool, wait time.Duration) {
-	rec.Due, rec.Waited, rec.Wait = due, waited, wait
-	select {
-	case <-rec.granted:
-	default:
-		close(rec.granted)
-	}
-}
-
-// dueHook is a go-redis hook that works out, from the reply of each take
-// made under a context marked by withDueRecord, when the script granted
-// the tokens (see takeDues), and records it there. A call that serves
-// several callers' takes carries their contexts (callersKey), and each
-// caller's record gets its own part of the reply. The hook runs in the
-// goroutine that makes the call, before any caller sees the reply.
-type dueHook struct{}
-
-func (dueHook) DialHook(next redis.DialHook) redis.DialHook { return next }
-
-func (dueHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		callers, _ := ctx.Value(store.CallersKey{}).([]context.Context)
-		if callers == nil {
-			callers = []context.Context{ctx}
-		}
-		recs := make([]*dueRecord, len(callers))
-		marked := false
-		for i, c := range callers {
-			recs[i] = dueRecordOf(c)
-			marked = marked || recs[i] != nil
-		}
-		if !marked {
-			return next(ctx, cmd)
-		}
-		sent := time.Now()
-		err := next(ctx, cmd)
-		replied := time.Now()
-		if err != nil {
-			return err
-		}
-		tks := takeDues(cmd, sent)
-		if len(tks) != len(recs) {
-			return err
-		}
-		for i, rec := range recs {
-			if rec != nil && tks[i].granted {
-				tk := tks[i]
-				rec.Sent, rec.Replied, rec.Now = sent, replied, tk.now
-				rec.setDue(tk.due, tk.waited, tk.wait)
-			}
-		}
-		return err
-	}
-}
-
-func (dueHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
-}
-
-// takeGrant is what a take's command and reply say of one caller's take.
-type takeGrant struct {
-	granted bool          // false for a refusal
-	due     time.Time     // when the script granted the tokens
-	wait    time.Duration // the wait the reply reported
-	waited  bool          // the reply carried a wait, and due follows from its tats
-	now     time.Time     // the caller's clock the take carried (WithClock), or zero
-}
-
-// takeDues returns what a take's command and reply say of each caller's
-// take, in order: one for a take of its own, one a caller for a batch; nil
-// for any other command. sent is when the command was sent.
-//
-// A take that waits replies {1, wait, tat_1, ..., tat_k}: tat_i is layer
-// i's new theoretical arrival time, max(old tat_i, now) + n/rate_i. Layer
-// i holds burst_i tokens again at tat_i less burst_i/rate_i. The layer
-// that sets the wait had its old tat beyond the grant instant g, so g =
-// tat_i - burst_i/rate_i for it, and for every other layer
-// tat_j - burst_j/rate_j <= g (its own wait is no longer). So g is the
-// largest tat_i - burst_i/rate_i: found here to within the microsecond to
-// which the script floors the tats, never later. A batch replies such a
-// table for each caller, one after another.
-//
-// A take granted at once replies 0 alone (a batch: 0 when every caller
-// was, or a wait of 0 in its part), and g is the script's now, which the
-// reply does not give. It is the caller's clock in ARGV[2] when the take
-// carries one (WithClock); otherwise the server read its clock after the
-// take was sent, and sent, never later, stands in for it.
-func takeDues(cmd redis.Cmder, sent time.Time) []takeGrant {
-	k, callers, argv, ok := takeCall(cmd)
-	c, isCmd := cmd.(*redis.Cmd)
-	if !ok || !isCmd {
-		return nil
-	}
-	var now time.Time
-	if s := fmt.Sprint(argv[1]); s != "" {
-		us, err := strconv.ParseInt(s, 10, 64)
-		if err != nil {
-			return nil
-		}
-		now = time.UnixMicro(us)
-	}
-	atOnce := takeGrant{granted: true, due: sent, now: now}
-	if !now.IsZero() {
-		atOnce.due = now
-	}
-	out := make([]takeGrant, callers)
-	switch v := c.Val().(type) {
-	case int64:
-		if v != 0 {
-			return nil
-		}
-		for i := range out {
-			out[i] = atOnce
-		}
-		return out
-	case []any:
-		stride := 2 + 2*k                                                 // and the positions
-		if rest := len(v) - stride*callers; rest < 2 || (rest-2)%k != 0 { // the timeline's count and now, and the pushes
-			return nil
-		}
-		for j := range out {
-			r := v[j*stride : (j+1)*stride]
-			w, _ := r[1].(int64)
-			switch {
-			case r[0] != int64(1):
-				continue // refused
-			case w == 0 && callers > 1:
-				out[j] = atOnce
-				continue
-			}
-			tk := takeGrant{granted: true, now: now}
-			for i := range k {
-				tat, okTat := r[2+i].(int64)
-				limits := len(argv) - 2*k // the layers' rates and bursts (script.lua)
-				rate, err1 := strconv.ParseFloat(fmt.Sprint(argv[limits+2*i]), 64)
-				burst, err2 := strconv.ParseFloat(fmt.Sprint(argv[limits+2*i+1]), 64)
-				if !okTat || err1 != nil || err2 != nil {
-					return nil
-				}
-				full := time.Duration(math.Round(burst / rate * float64(time.Second)))
-				if g := time.UnixMicro(tat).Add(-full); i == 0 || g.After(tk.due) {
-					tk.due = g
-				}
-			}
-			tk.wait, tk.waited = time.Duration(w)*time.Microsecond, true
-			out[j] = tk
-		}
-		return out
-	}
-	return nil
-}
-
-// takeCall reads the command of a take, as script.lua lays out its
-// ARGV: the layers it takes from, the callers it serves and its ARGV; ok
-// is false for any other command.
-func takeCall(cmd redis.Cmder) (k, callers int, argv []any, ok bool) {
-	if n := cmd.Name(); n != "evalsha" && n != "eval" {
-		return 0, 0, nil, false
-	}
-	args := cmd.Args() // evalsha, sha, numkeys, keys..., argv...
-	if len(args) < 3 {
-		return 0, 0, nil, false
-	}
-	numkeys, err := strconv.Atoi(fmt.Sprint(args[2]))
-	k = numkeys - 1 // the layers; the control record's key comes last
-	if err != nil || k < 1 || len(args) < 3+numkeys+4 || fmt.Sprint(args[3+numkeys]) != "take" {
-		return 0, 0, nil, false
-	}
-	argv = args[3+numkeys:]
-	stride := map[string]int{"plain": 1 + k, "class": 3 + k, "tenant": 6 + k}[fmt.Sprint(argv[2])]
-	if stride == 0 || (len(argv)-4-2*k)%stride != 0 || len(argv)-4-2*k < stride {
-		return 0, 0, nil, false
-	}
-	return k, (len(argv) - 4 - 2*k) / stride, argv, true
-}
-
-// takeReplies returns the reply of a take for each caller it served, in
-// order, each as a take of its own would have it: the reply itself for a
-// take of one caller; for a batch, each caller's part of the reply, or
-// the integer 0 for each when the batch replied 0. It returns nil for any
-// other command or reply.
-func takeReplies(cmd *redis.Cmd) []any {
-	k, callers, _, ok := takeCall(cmd)
-	if !ok {
-		return nil
-	}
-	out := make([]any, callers)
-	switch v := cmd.Val().(type) {
-	case int64:
-		for i := range out {
-			out[i] = v
-		}
-		return out
-	case []any:
-		stride := 2 + 2*k                                                 // and the positions
-		if rest := len(v) - stride*callers; rest < 2 || (rest-2)%k != 0 { // the timeline's count and now, and the pushes
-			return nil
-		}
-		for i := range out {
-			out[i] = v[i*stride : (i+1)*stride]
-		}
-		return out
-	}
-	return nil
-}
-
 // stoppedClock is a clock for WithClock that moves only when told to, so
 // that a bucket accrues nothing while the machine is slow.
 type stoppedClock struct {
@@ -431,10 +238,406 @@ func (c *stoppedClock) advance(d time.Duration) {
 	c.now = c.now.Add(d)
 }
 
-// setProbeIdle makes the Limiters made until the test ends stop their
-// breaker's probe after d without a request.
-func setProbeIdle(t *testing.T, d time.Duration) {
-	old := probeIdle
-	probeIdle = d
-	t.Cleanup(func() { probeIdle = old })
+// aclLimiter is the ACL rule of a Redis user that may run the package's
+// scripts on its keys and nothing else. The README shows it.
+const aclLimiter = "on >limiter-secret resetkeys ~quota:* resetchannels &quota:* -@all " +
+	"+evalsha +eval +get +set +del +time +zadd +zremrangebyscore +pexpire +zcard +hello " +
+	"+publish +subscribe +ping +zscore +zrem +zrange +rpush +lpop +lrem " +
+	"+hget +hmget +hset +hdel +hgetall +hlen +persist +pttl +zcount +hincrby +hkeys +lrange +linsert"
+
+func splitRule(rule string) []any {
+	var out []any
+	for _, f := range strings.Fields(rule) {
+		out = append(out, f)
+	}
+	return out
 }
+
+// limiterServer starts a redis-server and returns it with a client that
+// has a limiter's options (short timeouts, no retries).
+func limiterServer(t *testing.T) (*redistest.Server, *redis.Client) {
+	t.Helper()
+	srv := redistest.Start(t)
+	return srv, srv.Client(t, func(o *redis.Options) { *o = *limiterOptions(srv.Addr()) })
+}
+
+// countingServer is a provider that counts the requests that reach it.
+func countingServer(t *testing.T) (*httptest.Server, *atomic.Int64) {
+	var n atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { n.Add(1) }))
+	t.Cleanup(srv.Close)
+	return srv, &n
+}
+
+// scriptOp returns the operation of a call of one of the package's
+// scripts ("take", "read", ...), or "" for any other command.
+func scriptOp(cmd redis.Cmder) string {
+	if n := cmd.Name(); n != "evalsha" && n != "eval" {
+		return ""
+	}
+	args := cmd.Args()
+	if len(args) < 3 {
+		return ""
+	}
+	keys, _ := strconv.Atoi(fmt.Sprint(args[2]))
+	if len(args) <= 3+keys {
+		return ""
+	}
+	return fmt.Sprint(args[3+keys])
+}
+
+// quotaBinary builds the command cmd/quotactl into a temporary directory of
+// t and returns its path.
+func quotaBinary(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "quotactl")
+	build := exec.Command("go", "build", "-o", bin, "./cmd/quotactl")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build ./cmd/quotactl: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// quotaCmd runs the quotactl binary with REDIS_URL set to redisURL and
+// returns when it exited and what it printed; it fails the test unless it
+// exits 0.
+func quotaCmd(t *testing.T, bin, redisURL string, args ...string) (time.Time, string) {
+	t.Helper()
+	code, out, errOut := quotaExec(t, bin, redisURL, args...)
+	done := time.Now()
+	if code != 0 {
+		t.Fatalf("quotactl %s: exit %d: %s", strings.Join(args, " "), code, errOut)
+	}
+	return done, out
+}
+
+// quotaExec runs the quotactl binary with REDIS_URL set to redisURL and
+// returns its exit status and what it printed on stdout and stderr.
+func quotaExec(t *testing.T, bin, redisURL string, args ...string) (int, string, string) {
+	t.Helper()
+	cmd := exec.Command(bin, args...)
+	cmd.Env = append(os.Environ(), "REDIS_URL="+redisURL)
+	var out, errOut bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	err := cmd.Run()
+	var exit *exec.ExitError
+	if err != nil && !errors.As(err, &exit) {
+		t.Fatalf("quotactl %s: %v", strings.Join(args, " "), err)
+	}
+	return cmd.ProcessState.ExitCode(), out.String(), errOut.String()
+}
+
+// fastLimit never makes anyone wait for a token: the tests of slots
+// measure the slots alone.
+var fastLimit = Limit{Rate: 1e6, Burst: 1e6}
+
+// inFlight is a provider that counts the requests in flight and remembers
+// the most at once.
+type inFlight struct {
+	now, peak, total atomic.Int64
+	latency          time.Duration
+	hold             chan struct{} // when set, requests last until it is closed
+	body             string
+
+	mu       sync.Mutex
+	arrivals []time.Time
+}
+
+func (p *inFlight) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	n := p.now.Add(1)
+	p.total.Add(1)
+	p.mu.Lock()
+	p.arrivals = append(p.arrivals, time.Now())
+	p.mu.Unlock()
+	for {
+		peak := p.peak.Load()
+		if n <= peak || p.peak.CompareAndSwap(peak, n) {
+			break
+		}
+	}
+	if p.hold != nil {
+		select {
+		case <-p.hold:
+		case <-r.Context().Done():
+		}
+	} else {
+		time.Sleep(p.latency)
+	}
+	p.now.Add(-1)
+	io.WriteString(w, p.body)
+}
+
+// slotsHeld returns how many slots of the bucket called name Redis counts
+// as held, and how many callers wait.
+func slotsHeld(t *testing.T, rdb redis.UniversalClient, name string) (held, waiting int64) {
+	t.Helper()
+	key, _ := bucketKey(DefaultPrefix, name)
+	ctx := context.Background()
+	now := fmt.Sprint(time.Now().UnixMicro())
+	held, err := rdb.ZCount(ctx, key+slots.HeldSuffix, now, "+inf").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	waiting, err = rdb.ZCount(ctx, key+slots.WaitingSuffix, now, "+inf").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return held, waiting
+}
+
+// arrivedIn counts the requests that arrived in [from, to).
+func (p *inFlight) arrivedIn(from, to time.Time) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := 0
+	for _, a := range p.arrivals {
+		if !a.Before(from) && a.Before(to) {
+			n++
+		}
+	}
+	return n
+}
+
+// collect reads the metrics.
+func (tel *telemetry) collect(t *testing.T) metricdata.ResourceMetrics {
+	t.Helper()
+	var rm metricdata.ResourceMetrics
+	if err := tel.reader.Collect(context.Background(), &rm); err != nil {
+		t.Fatal(err)
+	}
+	return rm
+}
+
+var dryRunAttr = obs.AttrDryRun.Bool(true)
+
+// llmMeters are three limits of one provider, as an LLM API meters them,
+// slow enough that any shortfall is a wait of seconds.
+var llmMeters = []Meter{
+	{Name: "requests", Limit: Limit{Rate: 10, Burst: 10}},
+	{Name: "input_tokens", Limit: Limit{Rate: 100, Burst: 1000}},
+	{Name: "output_tokens", Limit: Limit{Rate: 50, Burst: 500}},
+}
+
+// telemetry is an SDK tracer and meter provider whose output a test reads.
+type telemetry struct {
+	spans  *tracetest.SpanRecorder
+	tp     *sdktrace.TracerProvider
+	reader *sdkmetric.ManualReader
+	mp     *sdkmetric.MeterProvider
+}
+
+func newTelemetry(t *testing.T) *telemetry {
+	spans := tracetest.NewSpanRecorder()
+	reader := sdkmetric.NewManualReader()
+	tel := &telemetry{
+		spans:  spans,
+		tp:     sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans)),
+		reader: reader,
+		mp:     sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)),
+	}
+	t.Cleanup(func() {
+		tel.tp.Shutdown(context.Background())
+		tel.mp.Shutdown(context.Background())
+	})
+	return tel
+}
+
+func (tel *telemetry) options() []Option {
+	return []Option{WithTracerProvider(tel.tp), WithMeterProvider(tel.mp)}
+}
+
+// transportOptions is options for a Transport, followed by more.
+func (tel *telemetry) transportOptions(more ...TransportOption) []TransportOption {
+	return append([]TransportOption{WithTracerProvider(tel.tp), WithMeterProvider(tel.mp)}, more...)
+}
+
+// waitSpans returns the ended quota.wait spans.
+func (tel *telemetry) waitSpans() []sdktrace.ReadOnlySpan {
+	var out []sdktrace.ReadOnlySpan
+	for _, s := range tel.spans.Ended() {
+		if s.Name() == "quota.wait" {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+func attrs(s sdktrace.ReadOnlySpan) map[attribute.Key]attribute.Value {
+	m := map[attribute.Key]attribute.Value{}
+	for _, kv := range s.Attributes() {
+		m[kv.Key] = kv.Value
+	}
+	return m
+}
+
+// waitSpanIDOrZero returns the ID of the last ended wait span, if any.
+func (tel *telemetry) waitSpanIDOrZero() trace.SpanID {
+	spans := tel.waitSpans()
+	if len(spans) == 0 {
+		return trace.SpanID{}
+	}
+	return spans[len(spans)-1].SpanContext().SpanID()
+}
+
+func find(rm metricdata.ResourceMetrics, name string) *metricdata.Metrics {
+	for _, sm := range rm.ScopeMetrics {
+		if sm.Scope.Name != ScopeName {
+			continue
+		}
+		for i := range sm.Metrics {
+			if sm.Metrics[i].Name == name {
+				return &sm.Metrics[i]
+			}
+		}
+	}
+	return nil
+}
+
+// sumOf adds up the data points of the counter name whose attributes
+// include want.
+func sumOf(rm metricdata.ResourceMetrics, name string, want []attribute.KeyValue) int64 {
+	m := find(rm, name)
+	if m == nil {
+		return 0
+	}
+	var total int64
+	for _, dp := range m.Data.(metricdata.Sum[int64]).DataPoints {
+		ok := true
+		for _, kv := range want {
+			if v, found := dp.Attributes.Value(kv.Key); !found || v != kv.Value {
+				ok = false
+			}
+		}
+		if ok {
+			total += dp.Value
+		}
+	}
+	return total
+}
+
+func discardLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }
+
+// logRecorder keeps the records logged.
+type logRecorder = logtest.Recorder
+
+// limiterOptions are the go-redis options of a limiter's client in the
+// tests: no retries, so that an outage is detected at its first failed
+// call. Their timeouts are a second, not RedisOptions' 100 ms: a test
+// process beside the suite's floods of goroutines stalls for a few
+// hundred milliseconds at times, and 200 callers dialling at once timed
+// out at 100 ms. The tests of timeouts set their own.
+func limiterOptions(addr string) *redis.Options {
+	return &redis.Options{
+		Addr:                  addr,
+		DialTimeout:           time.Second,
+		ReadTimeout:           time.Second,
+		WriteTimeout:          time.Second,
+		PoolTimeout:           time.Second,
+		MaxRetries:            -1,
+		DialerRetries:         1,
+		ContextTimeoutEnabled: true,
+	}
+}
+
+// degradedMini returns a Limiter on a miniredis with policy p and its log.
+func degradedMini(t *testing.T, p Policy) (*miniredis.Miniredis, *Limiter, *logRecorder) {
+	t.Helper()
+	mr := miniredis.RunT(t)
+	rdb := redis.NewClient(limiterOptions(mr.Addr()))
+	t.Cleanup(func() { rdb.Close() })
+	logs := &logRecorder{}
+	return mr, NewLimiter(rdb, WithPolicy(p), WithLogger(slog.New(logs))), logs
+}
+
+// answering is a provider whose handler the test sets.
+func answering(t *testing.T, h http.HandlerFunc) *httptest.Server {
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+// getVia sends a GET through tr and, when tr is a Transport, waits for the
+// updates its response made to the bucket.
+func getVia(t *testing.T, tr http.RoundTripper, ctx context.Context, url string, header http.Header) error {
+	t.Helper()
+	req, _ := http.NewRequestWithContext(ctx, "GET", url, nil)
+	for k, v := range header {
+		req.Header[k] = v
+	}
+	resp, err := tr.RoundTrip(req)
+	if err == nil {
+		resp.Body.Close()
+	}
+	if qt, ok := tr.(*Transport); ok {
+		_ = qt.limiter.updates.Wait(context.Background())
+	}
+	return err
+}
+
+// newMini returns a client of a fresh miniredis and a counter of the
+// commands sent through it.
+// bodyRecorder is a request body that records whether it was closed.
+type bodyRecorder struct {
+	io.Reader
+	closed atomic.Bool
+}
+
+func (b *bodyRecorder) Close() error { b.closed.Store(true); return nil }
+
+// roundTripFunc adapts a function to http.RoundTripper.
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+func okResponse(req *http.Request) (*http.Response, error) {
+	return &http.Response{StatusCode: 200, Body: http.NoBody, Request: req}, nil
+}
+
+// hashTag returns the part of key that Redis Cluster hashes to choose its
+// slot when it has a hash tag: between the first "{" and the first "}"
+// after it, "" when there is none or it is empty.
+func hashTag(key string) string {
+	_, rest, ok := strings.Cut(key, "{")
+	if !ok {
+		return ""
+	}
+	tag, _, ok := strings.Cut(rest, "}")
+	if !ok {
+		return ""
+	}
+	return tag
+}
+
+func mustPanic(t *testing.T, name string, f func()) {
+	t.Helper()
+	defer func() {
+		if recover() == nil {
+			t.Errorf("%s did not panic", name)
+		}
+	}()
+	f()
+}
+
+// oneLayer is the bucket of a single Limit under the Redis key rkey.
+func oneLayer(rkey string, lim Limit) store.Bucket {
+	return store.Bucket{Name: rkey, Keys: []string{rkey}, Lims: []store.Limit{store.Limit(lim)}, Call: []string{rkey, rkey + control.Suffix}}
+}
+
+// switchedOff holds the mechanisms the tests' negative controls turned off,
+// by Limiter (see turnedOff).
+var switchedOff sync.Map // switched: true
+
+type switched struct {
+	l *Limiter
+	m mechanism
+}
+
+func init() {
+	turnedOff = func(l *Limiter, m mechanism) bool {
+		_, ok := switchedOff.Load(switched{l, m})
+		return ok
+	}
+}
+
+// turnOff turns mechanism m off in l, for a negative control.
+func turnOff(l *Limiter, m mechanism) { switchedOff.Store(switched{l, m}, true) }

@@ -3,29 +3,26 @@ package quota
 import (
 	"context"
 	"errors"
-	"log/slog"
 	"strings"
 	"sync/atomic"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/sharedquota/quota/internal/breaker"
 	"github.com/sharedquota/quota/internal/control"
+	"github.com/sharedquota/quota/internal/lines"
 	"github.com/sharedquota/quota/internal/local"
+	"github.com/sharedquota/quota/internal/obs"
 	"github.com/sharedquota/quota/internal/redisx"
 	"github.com/sharedquota/quota/internal/slots"
 	"github.com/sharedquota/quota/internal/store"
-	"go.opentelemetry.io/otel"
+	"github.com/sharedquota/quota/internal/updates"
 )
 
 // A Limiter takes tokens from buckets kept in Redis and shared by every
 // Limiter that uses the same Redis and prefix, across goroutines, processes
 // and hosts. Each bucket has a name and is a key in Redis; its Limit
 // travels with each call, so all callers of one bucket must pass the same
-// Limit.
-//
-// While Redis is unavailable the Limiter's Policy serves requests, and a
-// background probe finds out when Redis answers again; Mode tells which is
-// the case.
+// Limit. While Redis is unavailable its Policy serves requests (see Mode).
 //
 // A Limiter is safe for concurrent use. Most callers want a Transport, which
 // waits for a token before each HTTP request; Wait serves everything else,
@@ -33,23 +30,36 @@ import (
 type Limiter struct {
 	cfg      config
 	store    *store.Store
-	obs      observer
+	obs      *obs.Obs
 	breaker  *breaker.Breaker
-	handOver bool // FallbackLocal's coordinated resume (off only in tests)
-	noJoin   bool // tests only: takes no part in a hand-over it did not see (see joins)
-	noPushes bool // tests only: its sleepers ignore the pushes of higher priorities (see pushedBack)
-	noCharge bool // tests only: its settles leave the tenants' shares as reserved (see charge)
 	locals   local.Shares
 	workers  local.Workers
-	updates  updates
+	updates  *updates.Runner
 	slots    *slots.Slots
 	resume   *local.Resume
 	events   *redisx.Listener
 	controls *control.Controls
-	lines    lines // the callers that wait for their tenants' turns
+	lines    lines.Lines // the callers that wait for their tenants' turns
+	client   string      // the Redis address(es), and the Limiter's name, for the logs
 
 	deniedLogged atomic.Bool // an ErrNoPermission was logged (see classify)
 }
+
+// A mechanism is one that a test's negative control turns off in a
+// Limiter, to show what it prevents.
+type mechanism uint8
+
+const (
+	handOver mechanism = iota // FallbackLocal's coordinated resume
+	joins                     // a part in a hand-over the Limiter did not see
+	pushes                    // the pushes of higher priorities, heeded by sleepers
+	charges                   // settles charging tenants for what they used
+)
+
+// turnedOff is set by the tests alone: in a program, every mechanism is on.
+var turnedOff func(*Limiter, mechanism) bool
+
+func (l *Limiter) off(m mechanism) bool { return turnedOff != nil && turnedOff(l, m) }
 
 // NewLimiter returns a Limiter that keeps its buckets in rdb, which may be a
 // *redis.Client, *redis.ClusterClient, *redis.Ring or a failover client.
@@ -66,6 +76,7 @@ func newLimiter(rdb redis.Scripter, cfg config) *Limiter {
 	if rdb == nil {
 		panic("quota: NewLimiter with a nil Redis client")
 	}
+	o, meter := newObs(cfg)
 	l := &Limiter{
 		cfg: cfg,
 		store: store.NewStore(rdb, store.Options{
@@ -75,7 +86,7 @@ func newLimiter(rdb redis.Scripter, cfg config) *Limiter {
 			Batching: !cfg.noBatching,
 			Hold:     !cfg.dryRun, // a dry run never delays
 		}),
-		obs:    newObserver(cfg),
+		obs:    o,
 		resume: local.NewResume(rdb, cfg.prefix),
 		events: redisx.NewListener(rdb, cfg.prefix+control.Channel, controlIdle),
 	}
@@ -86,17 +97,7 @@ func newLimiter(rdb redis.Scripter, cfg config) *Limiter {
 		Rejoin:  resumeDelay,
 		Logger:  cfg.logger,
 		Bucket:  store.TakeSource(),
-		Told: slots.Events{
-			Handed: func(name string, n int) { l.obs.slotEvent(name, slotHanded, n) },
-			Checked: func(name string, kept bool) {
-				if kept {
-					l.obs.slotEvent(name, slotRenewed, 1)
-				} else {
-					l.obs.slotEvent(name, slotLapsed, 1)
-				}
-			},
-			Registered: func(name string, n int) { l.obs.slotEvent(name, slotRegistered, n) },
-		},
+		Obs:     o,
 	})
 	l.controls = control.New(l.store, l.events)
 	l.events.Handle(redisx.Handlers{
@@ -108,35 +109,26 @@ func newLimiter(rdb redis.Scripter, cfg config) *Limiter {
 	if cfg.name != "" {
 		client = cfg.name + " (" + client + ")"
 	}
+	l.client = client
 	l.controls.OnFailure(l.readFailed)
-	l.handOver = true
+	l.controls.OnRead(l.slots.Lingering, func() bool { return l.mode() == ModeShared })
+	l.controls.OnLearned(cfg.logger, l.obs.Learned)
+	l.slots.OnLinger(l.controls.Tell)
+	idle := probeIdle
 	l.breaker = breaker.New(breaker.Config{
-		Client:      client,
-		Policy:      cfg.policy.String(),
-		Logger:      cfg.logger,
 		RemindEvery: remindEvery,
-		Idle:        probeIdle,
-		Open:        int32(cfg.policy.mode()),
-		Name:        func(m int32) string { return Mode(m).String() },
-		Describe:    func(m int32) string { return describeMode(Mode(m), cfg.dryRun) },
-		Level:       func(m int32) slog.Level { return levelFor(Mode(m)) },
-		ResumeIn:    l.resumeIn,
-		Closing:     l.settleLocal,
-		Closed:      l.closed,
+		Idle:        idle,
+		OnChange:    func(c breaker.Change) { l.changed(c, idle) },
 	})
 	if cfg.policy.countWorkers {
 		l.workers.Count(rdb, cfg.prefix, cfg.clock)
 	}
-	mp := cfg.meterProvider
-	if mp == nil {
-		mp = otel.GetMeterProvider()
-	}
-	l.updates.init(cfg, client, mp.Meter(ScopeName))
+	l.updates = updates.New(o, cfg.logger, client)
 	name := cfg.name
 	if name == "" {
 		name = client
 	}
-	observeMode(l, mp, name)
+	observeMode(l, meter, name)
 	return l
 }
 
@@ -173,7 +165,7 @@ func (l *Limiter) Wait(ctx context.Context, name string, lim Limit) error {
 // error matching ErrInvalidLimit, ErrInvalidTokens, ErrExceedsBurst or
 // ErrInvalidKey. While Redis is unavailable, the Limiter's Policy decides.
 func (l *Limiter) WaitN(ctx context.Context, name string, n float64, lim Limit, layers ...Limit) error {
-	_, err := l.acquire(ctx, name, ask{n: n, lims: limits(lim, layers), class: -1})
+	_, err := l.acquire(ctx, name, ask{n: n, lims: append([]Limit{lim}, layers...), class: -1})
 	return err
 }
 
@@ -193,52 +185,28 @@ func (l *Limiter) Allow(ctx context.Context, name string, lim Limit) (bool, erro
 // with an error matching ErrUnavailable, and FallbackLocal whether this
 // process's local share has the tokens now.
 func (l *Limiter) AllowN(ctx context.Context, name string, n float64, lim Limit, layers ...Limit) (bool, error) {
-	_, err := l.acquire(ctx, name, ask{n: n, lims: limits(lim, layers), noWait: true, class: -1})
+	_, err := l.acquire(ctx, name, ask{n: n, lims: append([]Limit{lim}, layers...), noWait: true, class: -1})
 	if errors.Is(err, ErrWouldWait) {
 		return false, nil
 	}
 	return err == nil, err
 }
 
-// limits is lim followed by its layers.
-func limits(lim Limit, layers []Limit) []Limit {
-	if len(layers) == 0 {
-		return []Limit{lim}
-	}
-	return append([]Limit{lim}, layers...)
-}
-
-// announced hands on an announcement on the prefix's control channel: a
-// bucket's key, whose control record changed; "s <id>[=<grant>]...", a
-// newline and a bucket's key: the concurrency slots of that bucket handed
-// to those waiters, with the grants of their tokens; or "b" and each
-// layer's "<suffix>=<µs>", a newline and a bucket's key: how far settles
-// have moved its layers' queues back (see Controls.GaveBack); or "p", when,
-// and each class's "<class>:<suffix>=<µs>", a newline and a bucket's key:
-// how far takes of higher classes have pushed its lower classes' queues
-// (see Controls.Pushed). A Limiter listens on that one channel while it
-// is in use (see redisx.Listener).
+// announced hands on an announcement on the prefix's control channel
+// (see control.Parse), on which a Limiter listens while it is in use (see
+// redisx.Listener).
 func (l *Limiter) announced(payload string) {
-	if rest, ok := strings.CutPrefix(payload, "s "); ok {
-		if ids, key, ok := strings.Cut(rest, "\n"); ok {
-			l.slots.Handed(key, strings.Fields(ids))
-		}
-		return
+	switch a := control.Parse(payload); a.Kind {
+	case control.Changed:
+		l.controls.Announced(a.Key)
+	case control.Handed:
+		l.slots.Handed(a.Key, strings.Fields(a.Body))
+	case control.GaveBack:
+		l.controls.GaveBack(a.Key, a.Body)
+		l.lines.GaveBack(a.Key)
+	case control.Pushed:
+		l.controls.Pushed(a.Key, a.Body)
 	}
-	if rest, ok := strings.CutPrefix(payload, "b "); ok {
-		if backs, key, ok := strings.Cut(rest, "\n"); ok {
-			l.controls.GaveBack(key, backs)
-			l.lines.gaveBack(key)
-		}
-		return
-	}
-	if rest, ok := strings.CutPrefix(payload, "p "); ok {
-		if pushes, key, ok := strings.Cut(rest, "\n"); ok {
-			l.controls.Pushed(key, pushes)
-		}
-		return
-	}
-	l.controls.Announced(payload)
 }
 
 // listening runs when the Limiter listens on the control channel, from
@@ -257,9 +225,9 @@ func (l *Limiter) Mode() Mode { return l.mode() }
 
 // Flush sends what the Limiter still has to tell Redis and waits for it:
 // the releases of concurrency slots, which wait up to a millisecond to
-// ride on the process's next call for their bucket, and the updates that
-// responses cause (pauses, lowered buckets, settles), which run in the
-// background. Call it before the process exits: a release it never sends
+// ride on the process's next call for their bucket, the grants Status
+// counts, told within half a second, and the updates that responses
+// cause (pauses, lowered buckets, settles), which run in the background. Call it before the process exits: a release it never sends
 // leaves its slot held until the slot's lease ends (WithSlotLease).
 //
 // It returns nil once nothing is left to send, or ctx's error. Lingering
@@ -269,7 +237,10 @@ func (l *Limiter) Flush(ctx context.Context) error {
 	if err := l.slots.Flush(ctx); err != nil {
 		return err
 	}
-	return l.updates.running.Wait(ctx)
+	if err := l.controls.Report(ctx); err != nil {
+		return err
+	}
+	return l.updates.Wait(ctx)
 }
 
 // bucket returns the bucket called name with layers lims (each metering

@@ -4,11 +4,13 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"slices"
 	"sync"
 	"time"
 
 	"github.com/sharedquota/quota/internal/store"
-	"go.opentelemetry.io/otel/metric"
+	"github.com/sharedquota/quota/internal/updates"
+	"github.com/sharedquota/quota/internal/usage"
 )
 
 // A Meter is one of the limits a provider meters requests on, when a
@@ -48,7 +50,7 @@ func (l *Limiter) Reserve(ctx context.Context, name string, meters []Meter, use 
 	if _, err := l.acquire(ctx, name, o); err != nil {
 		return nil, err
 	}
-	return &Reservation{l: l, ctx: context.WithoutCancel(ctx), name: name, o: o, maxPause: l.cfg.maxPause}, nil
+	return &Reservation{l: l, ctx: context.WithoutCancel(ctx), name: name, o: o}, nil
 }
 
 // meterAsk returns the ask of use from meters, checked.
@@ -78,21 +80,12 @@ func meterAsk(meters []Meter, use Usage) (ask, error) {
 		o.each[i], o.meters[i], o.lims[i] = n, m.Name, m.Limit
 	}
 	for k := range use {
-		if !hasMeter(meters, k) {
+		if !slices.ContainsFunc(meters, func(m Meter) bool { return m.Name == k }) {
 			return ask{}, fmt.Errorf("%w: no meter %q among the bucket's", ErrInvalidTokens, k)
 		}
 	}
 	o.n = o.each[0]
 	return o, nil
-}
-
-func hasMeter(meters []Meter, name string) bool {
-	for _, m := range meters {
-		if m.Name == name {
-			return true
-		}
-	}
-	return false
 }
 
 // A Reservation is what a request took of its bucket's Meters before its
@@ -104,7 +97,8 @@ type Reservation struct {
 	name string
 	o    ask
 	once sync.Once
-	// maxPause bounds a settle (see Settle): the Transport's WithMaxPause.
+	// maxPause bounds a settle (see Settle): the Transport's WithMaxPause,
+	// or 0 for DefaultMaxPause.
 	maxPause time.Duration
 	// kept[i]: the provider never gives back what meter i reserved, so
 	// neither does a settle (Metering.NoGiveBack); nil: none.
@@ -140,15 +134,7 @@ func (r *Reservation) Settle(used Usage) {
 		return
 	}
 	r.once.Do(func() {
-		extra := make([]float64, len(r.o.each))
-		for i, m := range r.o.meters {
-			if n, ok := used[m]; ok && n >= 0 && !math.IsInf(n, 0) {
-				extra[i] = n - r.o.each[i]
-				if extra[i] < 0 && r.kept != nil && r.kept[i] {
-					extra[i] = 0
-				}
-			}
-		}
+		extra := usage.Extra(r.o.meters, r.o.each, used, r.kept)
 		r.l.adjust(r.ctx, r.name, r.o, extra, r.lowsNow(extra), r.maxPause)
 	})
 }
@@ -181,21 +167,9 @@ func (r *Reservation) lower() {
 }
 
 // lowsNow returns what the provider's meters hold now, as r.lows said of
-// them at r.lowsAt: what they have refilled since at the meters' rates,
-// and the settle's extra, which the provider takes or gives back too.
+// them at r.lowsAt, a settle's extra taken (see usage.Lows).
 func (r *Reservation) lowsNow(extra []float64) []float64 {
-	if r.lows == nil {
-		return nil
-	}
-	since := time.Since(r.lowsAt).Seconds()
-	lows := make([]float64, len(r.lows))
-	for i, n := range r.lows {
-		lows[i] = -1
-		if n >= 0 {
-			lows[i] = max(0, n+r.o.lims[i].Rate*since-extra[i])
-		}
-	}
-	return lows
+	return usage.Lows(r.lows, r.lowsAt, func(i int) float64 { return r.o.lims[i].Rate }, extra)
 }
 
 // adjust takes extra[i] more from each layer of the bucket of o, or gives
@@ -211,27 +185,46 @@ func (l *Limiter) adjust(ctx context.Context, name string, o ask, extra, lows []
 	if err != nil {
 		return // cannot be: the take resolved the same bucket
 	}
+	if u, ok := l.settle(ctx, b, o, extra, lows, maxPause); ok {
+		l.startUpdates(ctx, b, []updates.Update{u})
+	}
+}
+
+// settle returns the update of a settle of o on b, the one settle path of
+// WithSettle and of Reservations: it takes extra[i] more from layer i, at
+// most what the layer refills in maxPause (see usage.Bound), counting the
+// rest as cut, gives back what is below zero, charges o's tenant for what
+// it used, and lowers the layers to lows (see adjust). It reports false
+// when there is nothing to do.
+func (l *Limiter) settle(ctx context.Context, b bucket, o ask, extra, lows []float64, maxPause time.Duration) (updates.Update, bool) {
+	if maxPause <= 0 {
+		maxPause = DefaultMaxPause // pauses off: the bound is the default's
+	}
 	some := false
 	for i := range extra {
-		if bound := settleBound(b.limit(i).Rate, maxPause); extra[i] > bound {
-			l.updates.cut.Add(ctx, extra[i]-bound, metric.WithAttributes(attrKey.String(b.Name)))
+		if bound := usage.Bound(b.limit(i).Rate, maxPause); extra[i] > bound {
+			l.obs.Cut(ctx, b.Name, extra[i]-bound)
 			extra[i] = bound
 		}
 		some = some || extra[i] != 0
 	}
 	if !some && lows == nil {
-		return
+		return updates.Update{}, false
 	}
 	c := store.Cost{N: extra[0], Each: extra}
+	asked := o.cost()
 	used := make([]float64, len(extra))
 	for i := range extra {
-		used[i] = max(o.each[i]+extra[i], 0)
+		used[i] = max(asked.Of(i)+extra[i], 0)
 	}
 	l.charge(ctx, b, o, store.Cost{Each: used}, &c)
-	id := settleID()
-	l.startUpdates(ctx, b, []update{{updateSettle, func(ctx context.Context) error {
+	if b.ctl != nil {
+		l.controls.Count(b.ctl, time.Now(), 0, extra) // the fleet's rate counts what was used
+	}
+	id := usage.SettleID()
+	return updates.Update{Kind: updates.Settle, Run: func(ctx context.Context) error {
 		return l.store.AdjustLower(ctx, b.Bucket, c, lows, id)
-	}}})
+	}}, true
 }
 
 // inForce returns the bucket called name with layers lims (metering
@@ -242,21 +235,8 @@ func (l *Limiter) inForce(name string, lims []Limit, meters []string) (bucket, e
 		return b, err
 	}
 	if e := l.controls.Lookup(b.Keys[0]); e != nil {
-		b.passed = b.limit(0)
+		b.ctl, b.passed = e, b.limit(0)
 		b = b.under(e)
 	}
 	return b, nil
-}
-
-// settleBound returns the most a settle may take of a layer refilled at
-// rate beyond what its request took: what the layer refills in the
-// longest pause a provider may put on it, maxPause (WithMaxPause), or
-// DefaultMaxPause when pauses are off. A response that reports more,
-// broken or hostile, puts no more debt on the fleet than a Retry-After
-// could; the rest is counted in quota.settle.cut.
-func settleBound(rate float64, maxPause time.Duration) float64 {
-	if maxPause <= 0 {
-		maxPause = DefaultMaxPause
-	}
-	return rate * maxPause.Seconds()
 }

@@ -1,29 +1,25 @@
 package quota
 
 import (
-	"bytes"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
-	"math"
 	"net/http"
 	"slices"
 	"time"
 
+	"github.com/sharedquota/quota/internal/ratelimit"
+	"github.com/sharedquota/quota/internal/request"
 	"github.com/sharedquota/quota/internal/store"
+	"github.com/sharedquota/quota/internal/usage"
 )
-
-// MeterRequests is the name of a metered Transport's first Meter: one a
-// request (or WithCost's), refilled at the Limit the Transport is given
-// (or WithLimits'), whose zero Burst is one minute of its Rate, as the
-// LLM APIs' requests a minute hold. Its bucket's override (SetLimit) and
-// pause apply to it.
-const MeterRequests = "requests"
 
 // A Metering tells a Transport how to meter an API whose requests count
 // against several limits at once, each with an amount of its own, and
 // whose real usage is known only from the response: an LLM API's input
-// and output tokens. OpenAI and Anthropic return those APIs' Meterings.
+// and output tokens. Package llm (github.com/sharedquota/quota/llm)
+// returns the Meterings of Anthropic's and OpenAI's APIs.
 type Metering struct {
 	// Meters are the limits beside the requests' (MeterRequests), which
 	// the Transport's Limit is.
@@ -72,8 +68,9 @@ type UsageReader interface {
 // or event stream, without the caller losing a byte of it. A request that
 // fails before it was written hands its reservation back. It panics if
 // m.Estimate is nil, if a Meter's name is invalid, repeated or
-// MeterRequests, if NoGiveBack names no Meter, or beside WithLayers or
-// WithSettle (give further limits as Meters, and settle through m.Usage).
+// MeterRequests, or its Limit invalid (see Limit.Validate), if NoGiveBack
+// names no Meter, or beside WithLayers or WithSettle (give further limits
+// as Meters, and settle through m.Usage).
 func WithMetering(m Metering) TransportOption {
 	if m.Estimate == nil {
 		panic("quota: WithMetering with a nil Estimate")
@@ -89,6 +86,7 @@ func WithMetering(m Metering) TransportOption {
 		if slices.Contains(names, meter.Name) {
 			panic(fmt.Sprintf("quota: WithMetering: meter %q given twice, or named as the requests' meter", meter.Name))
 		}
+		meter.Limit.mustValidate(fmt.Sprintf("WithMetering: meter %q", meter.Name))
 		names = append(names, meter.Name)
 	}
 	mt.kept = make([]bool, len(names))
@@ -99,7 +97,7 @@ func WithMetering(m Metering) TransportOption {
 		}
 		mt.kept[i] = true
 	}
-	return transportOpt(func(c *config) { c.metering = mt })
+	return transportOpt(func(c *transportConfig) { c.metering = mt })
 }
 
 // metering is a Transport's Metering, checked, with what a request's
@@ -115,7 +113,10 @@ type metering struct {
 // ask of its Meters, with the request it is to send.
 func (t *Transport) meterAsk(req *http.Request, o ask) (ask, *http.Request, error) {
 	m := t.cfg.metering
-	body, sent, err := requestBody(req)
+	body, sent, err := request.Read(req, maxRequestBody)
+	if errors.Is(err, request.ErrTooLarge) {
+		err = fmt.Errorf("%w: a request body over %d MiB to estimate", ErrInvalidTokens, maxRequestBody>>20)
+	}
 	if err != nil {
 		return o, nil, err
 	}
@@ -124,7 +125,7 @@ func (t *Transport) meterAsk(req *http.Request, o ask) (ask, *http.Request, erro
 		return o, nil, fmt.Errorf("%w: estimating %s %s: %w", ErrInvalidTokens, req.Method, req.URL.Redacted(), err)
 	}
 	meters := make([]Meter, 0, 1+len(m.Meters))
-	meters = append(meters, Meter{Name: MeterRequests, Limit: minuteBurst(o.lims[0])})
+	meters = append(meters, Meter{Name: MeterRequests, Limit: o.lims[0]})
 	meters = append(meters, m.Meters...)
 	if use == nil {
 		use = Usage{}
@@ -144,50 +145,11 @@ func (t *Transport) meterAsk(req *http.Request, o ask) (ask, *http.Request, erro
 // estimate a request.
 const maxRequestBody = 64 << 20
 
-// requestBody returns req's body, read whole, and the request to send:
-// req itself when its GetBody gives the body again, a clone that carries
-// the body read otherwise.
-func requestBody(req *http.Request) ([]byte, *http.Request, error) {
-	if req.Body == nil || req.Body == http.NoBody {
-		return nil, req, nil
-	}
-	if req.GetBody != nil {
-		rc, err := req.GetBody()
-		if err != nil {
-			return nil, nil, err
-		}
-		defer rc.Close()
-		body, err := readBody(rc)
-		return body, req, err
-	}
-	body, err := readBody(req.Body)
-	req.Body.Close()
-	if err != nil {
-		return nil, nil, err
-	}
-	sent := req.Clone(req.Context())
-	sent.Body = io.NopCloser(bytes.NewReader(body))
-	sent.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
-	sent.ContentLength = int64(len(body))
-	return body, sent, nil
-}
-
-func readBody(r io.Reader) ([]byte, error) {
-	body, err := io.ReadAll(io.LimitReader(r, maxRequestBody+1))
-	if err != nil {
-		return nil, err
-	}
-	if len(body) > maxRequestBody {
-		return nil, fmt.Errorf("%w: a request body over %d MiB to estimate", ErrInvalidTokens, maxRequestBody>>20)
-	}
-	return body, nil
-}
-
 // checkPolicies logs, once for each bucket and Meter, a Meter whose Limit
 // refills faster than the provider's RateLimit-Policy of the same name
 // says it allows: a fleet held to it meets the provider's refusals.
 func (t *Transport) checkPolicies(name string, o ask, h http.Header) {
-	ps := policies(h)
+	ps := ratelimit.Policies(h)
 	for i, meter := range o.meters {
 		rate, ok := ps[meter]
 		if !ok || o.lims[i].Rate <= rate*(1+1e-9) {
@@ -210,20 +172,5 @@ func (t *Transport) lows(o ask, h http.Header, now time.Time) []float64 {
 	if m == nil || m.Remaining == nil {
 		return nil
 	}
-	left := m.Remaining(h, now)
-	if len(left) == 0 {
-		return nil
-	}
-	each := make([]float64, len(o.meters))
-	some := false
-	for i, name := range o.meters {
-		each[i] = -1
-		if n, ok := left[name]; ok && n >= 0 && !math.IsInf(n, 0) && n < o.lims[i].burst() {
-			each[i], some = n, true
-		}
-	}
-	if !some {
-		return nil
-	}
-	return each
+	return usage.Lower(m.Remaining(h, now), o.meters, func(i int) float64 { return o.lims[i].burst() })
 }

@@ -43,7 +43,9 @@ type modelCaller struct {
 	stopped      time.Time
 }
 
-type modelWait struct{ asked, answered time.Time }
+// A modelWait is one request of a caller: when it was asked for, when
+// its slot was acquired (with AcquireSlot), and when it was answered.
+type modelWait struct{ asked, slotted, answered time.Time }
 
 // modelLoad is how many requests were at the provider as one arrived,
 // itself included.
@@ -65,6 +67,28 @@ type modelRecord struct {
 	slots      int           // the slots the requests hold; 0: none
 	loads      []modelLoad
 	minShare   float64 // of priority 0, when some callers have priority 1
+	record     string  // what Redis held at the end (modelDump)
+}
+
+// unanswered describes the callers' requests not answered by the end: when
+// each was asked for and when it had its slot, for a failure's report.
+func (r *modelRecord) unanswered() string {
+	var b strings.Builder
+	for i, c := range r.callers {
+		if len(c.waits) == 0 || !c.stopped.IsZero() {
+			continue
+		}
+		w := c.waits[len(c.waits)-1]
+		if !w.answered.IsZero() {
+			continue
+		}
+		slotted := "no slot"
+		if !w.slotted.IsZero() {
+			slotted = "slot at " + w.slotted.Sub(r.start).Round(time.Millisecond).String()
+		}
+		fmt.Fprintf(&b, "\n      worker %d's caller %d: asked at %v, %s", c.worker, i, w.asked.Sub(r.start).Round(time.Millisecond), slotted)
+	}
+	return b.String()
 }
 
 // callersAt is how many callers of worker w (all of them when w is below
@@ -200,7 +224,13 @@ func checkPauses(r *modelRecord, sum *strings.Builder) (violations []string) {
 			h.what, h.from.Sub(r.start).Round(time.Millisecond), h.to.Sub(h.from).Round(time.Millisecond), h.lim, early, allowed, inside)
 		fmt.Fprintf(sum, "\n  %s", desc)
 		if early > allowed || inside > 1 {
-			violations = append(violations, "promise 1: "+desc)
+			var at []string
+			for _, t := range ts {
+				if !t.Before(h.from.Add(pauseMargin)) && t.Before(h.to.Add(-pauseMargin)) {
+					at = append(at, t.Sub(r.start).Round(time.Millisecond).String())
+				}
+			}
+			violations = append(violations, fmt.Sprintf("promise 1: %s; inside at %s", desc, strings.Join(at, ", ")))
 		}
 	}
 	return violations

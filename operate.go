@@ -1,29 +1,25 @@
 package quota
 
 import (
+	"cmp"
 	"context"
 	"fmt"
-	"strconv"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
 	"github.com/sharedquota/quota/internal/control"
+	"github.com/sharedquota/quota/internal/local"
 	"github.com/sharedquota/quota/internal/store"
+	"github.com/sharedquota/quota/status"
 )
 
-// Forever, given to Pause, pauses a bucket until Resume.
-const Forever time.Duration = store.Forever
-
-// Who set a bucket's pause, as Status reports it.
-const (
-	PausedByProvider = "provider"
-	PausedByOperator = "operator"
-)
-
-// Status is a bucket as Limiter.Status reads it from Redis.
+// Status is a bucket as Limiter.Status reads it from Redis: the whole
+// bucket (package status), and its first layer in quota's terms.
 type Status struct {
-	// Name is the bucket's name.
-	Name string
+	// Every layer with what it granted lately, the pause, the resume after
+	// an outage, the classes, the tenants, the slots and the Limiters.
+	status.Bucket
 	// Limit is the first layer's Limit in force: the override when there
 	// is one, otherwise the Limit the fleet's Limiters last passed for the
 	// bucket. It is the zero Limit when no Limiter has used the bucket
@@ -31,23 +27,10 @@ type Status struct {
 	Limit Limit
 	// Override is the Limit set by SetLimit, or nil.
 	Override *Limit
-	// Tokens is what the first layer holds now, out of Limit.Burst.
+	// Tokens and Queue are the first layer's (see status.Layer).
 	Tokens float64
-	// Queue is how long until the last grant already given falls due:
-	// how long a caller arriving now would wait, pauses aside.
-	Queue time.Duration
-	// Paused tells whether a pause is in force; PausedSince is when it
-	// began and PausedUntil when it ends, the zero Time for a pause with
-	// no end (Forever). PausedBy tells who set its end: PausedByProvider
-	// (a Retry-After, or none remaining until a reset) or PausedByOperator
-	// (Pause). A bucket has one pause, whoever asks: it ends at the latest
-	// end asked for.
-	Paused      bool
-	PausedSince time.Time
-	PausedUntil time.Time
-	PausedBy    string
-	// Workers is the number of Limiters that used the bucket in the last
-	// five seconds.
+	Queue  time.Duration
+	// Workers is len(Limiters), those that used it in the last 5 seconds.
 	Workers int
 	// FleetWorkers is the fleet's roll call under
 	// FallbackLocal(n).CountingWorkers(): the Limiters alive that share
@@ -61,9 +44,13 @@ type Status struct {
 // Further layers (WithLayers, the layers of WaitN) keep their own Limits. The
 // override stays until ClearLimit; the fleet's local shares under
 // FallbackLocal follow it too. A caller asking for more tokens than the
-// override's burst is refused with ErrExceedsBurst.
+// override's burst is refused with ErrExceedsBurst. A daily Limit cannot be
+// an override (ErrInvalidLimit).
 func (l *Limiter) SetLimit(ctx context.Context, name string, lim Limit) error {
 	lim, err := lim.resolve()
+	if err == nil && lim.Zone != nil {
+		err = fmt.Errorf("%w: SetLimit(%q, %v): an override is a rate, not a daily Limit", ErrInvalidLimit, name, lim)
+	}
 	if err != nil {
 		return err
 	}
@@ -103,51 +90,33 @@ func (l *Limiter) Resume(ctx context.Context, name string) error {
 	return err
 }
 
-// Status reads the bucket called name from Redis: the Limit in force and
-// the tokens it holds, its queue, its pause and its users.
+// Status reads the bucket called name from Redis, whole (see Status).
+// It needs a client that pipelines, as *redis.Client and
+// *redis.ClusterClient do.
 func (l *Limiter) Status(ctx context.Context, name string) (Status, error) {
-	r, err := l.operate(ctx, name, store.RecordOp{Op: "status"})
+	rdb, ok := l.store.Client().(redis.Cmdable)
+	if _, err := bucketKey(l.cfg.prefix, name); err != nil || !ok {
+		return Status{}, cmp.Or(err, fmt.Errorf("quota: Status needs a client that pipelines, not a %T", l.store.Client()))
+	}
+	var now time.Time // the server's, but for a Limiter WithClock
+	if l.cfg.clock != nil {
+		now = l.cfg.clock()
+	}
+	b, err := status.ReadAt(ctx, rdb, l.cfg.prefix, name, now)
 	if err != nil {
-		return Status{}, err
+		return Status{}, l.classify(ctx, err)
 	}
-	st := Status{Name: name, Workers: r.Users}
-	switch {
-	case r.Override != nil:
-		o := Limit(*r.Override)
-		st.Limit, st.Override = o, &o
-	case r.Seen != nil:
-		st.Limit = Limit(*r.Seen)
-	}
-	if lim := st.Limit; lim.Rate > 0 {
-		st.Tokens = lim.Burst
-		if r.Tat > r.Now {
-			owed := float64(r.Tat-r.Now) / 1e6
-			st.Tokens = lim.Burst - owed*lim.Rate
-			st.Queue = max(0, time.Duration((owed-lim.Burst/lim.Rate)*1e9)).Round(time.Microsecond)
-		}
-	}
-	if r.Since != 0 {
-		st.PausedSince = time.UnixMicro(r.Since)
-		if r.Until < 0 {
-			st.Paused = true
-		} else {
-			st.PausedUntil = time.UnixMicro(r.Until)
-			st.Paused = r.Until > r.Now
-		}
-		st.PausedBy = r.Source
-		if !st.Paused {
-			st.PausedSince, st.PausedUntil, st.PausedBy = time.Time{}, time.Time{}, ""
+	st := Status{Bucket: b, Workers: len(b.Limiters)}
+	if len(b.Layers) > 0 {
+		first := b.Layers[0]
+		st.Limit, st.Tokens, st.Queue = Limit{Rate: first.Rate, Burst: first.Burst}, first.Tokens, first.Queue
+		if first.Override {
+			st.Override = &Limit{Rate: first.Rate, Burst: first.Burst}
 		}
 	}
 	// The roll call of CountingWorkers, which lives beside the buckets.
-	if z, ok := l.store.Client().(interface {
-		ZCount(ctx context.Context, key, min, max string) *redis.IntCmd
-	}); ok {
-		n, err := z.ZCount(ctx, l.cfg.prefix+"workers", strconv.FormatInt(r.Now/1000, 10), "+inf").Result()
-		if err != nil {
-			return Status{}, l.classify(ctx, err)
-		}
-		st.FleetWorkers = int(n)
+	if st.FleetWorkers, err = local.Alive(ctx, rdb, l.cfg.prefix, b.Now.UnixMicro()); err != nil {
+		return Status{}, l.classify(ctx, err)
 	}
 	return st, nil
 }

@@ -3,96 +3,24 @@ package quota
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
-	"net/http"
 	"slices"
 	"sort"
-	"sync"
+	"strconv"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
-	"github.com/sharedquota/quota/internal/control"
 	"github.com/sharedquota/quota/internal/redistest"
+	"github.com/sharedquota/quota/internal/store"
 )
 
-// fleetOf returns n Limiters, each with a client of its own, on srv.
-func fleetOf(t *testing.T, srv *redistest.Server, n int, opts ...Option) []*Limiter {
-	t.Helper()
-	var ls []*Limiter
-	for range n {
-		rdb := srv.Client(t)
-		rdb.AddHook(dueHook{})
-		ls = append(ls, NewLimiter(rdb, opts...))
-	}
-	return ls
-}
-
-// arrivals runs goroutines on each Limiter that wait for lim's tokens of
-// the bucket called name in a loop until stop, and returns when each
-// acquisition returned, sorted.
-func arrivals(t *testing.T, ls []*Limiter, goroutines int, name string, lim Limit, stop time.Time) func() []time.Time {
-	var (
-		mu    sync.Mutex
-		woke  []time.Time
-		wg    sync.WaitGroup
-		fails []error
-	)
-	for _, l := range ls {
-		for range goroutines {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for time.Now().Before(stop) {
-					ctx, cancel := context.WithDeadline(context.Background(), stop.Add(5*time.Second))
-					err := l.Wait(ctx, name, lim)
-					cancel()
-					mu.Lock()
-					if err != nil {
-						fails = append(fails, err)
-						mu.Unlock()
-						return
-					}
-					woke = append(woke, time.Now())
-					mu.Unlock()
-				}
-			}()
-		}
-	}
-	return func() []time.Time {
-		wg.Wait()
-		if len(fails) > 0 {
-			t.Fatalf("%d waits failed, the first: %v", len(fails), fails[0])
-		}
-		slices.SortFunc(woke, time.Time.Compare)
-		return woke
-	}
-}
-
-// between counts the times in [from, to).
-func between(ts []time.Time, from, to time.Time) int {
-	n := 0
-	for _, t := range ts {
-		if !t.Before(from) && t.Before(to) {
-			n++
-		}
-	}
-	return n
-}
-
-// lastRun returns the last of ts after from that ended a run of five
-// within span: the end of a pace faster than four gaps in span. A run of
-// gaps, not one, so that a late wake-up followed by a punctual one does
-// not pass for the old pace.
-func lastRun(ts []time.Time, from time.Time, span time.Duration) time.Time {
-	var last time.Time
-	for i := 4; i < len(ts); i++ {
-		if ts[i].After(from) && ts[i].Sub(ts[i-4]) < span {
-			last = ts[i]
-		}
-	}
-	return last
-}
+// Tests of the operator's calls (operate.go): SetLimit, ClearLimit, Pause,
+// Resume and Status, across every Limiter of a bucket: a change reaches
+// them all, a lowered Limit holds, grants outpaced by a change are taken
+// again, a pause holds every grant, and an override applies to the first
+// layer only. Pauses as callers meet them are tested in control_test.go.
 
 func TestSetLimitReachesEveryLimiter(t *testing.T) {
 	redistest.Long(t)
@@ -113,21 +41,23 @@ func TestSetLimitReachesEveryLimiter(t *testing.T) {
 	}
 	set := time.Now()
 	time.Sleep(time.Until(set.Add(2 * time.Second)))
+	clearing := time.Now() // the script clears the override from here on
 	if err := operator.ClearLimit(ctx, name); err != nil {
 		t.Fatal(err)
 	}
 	cleared := time.Now()
-	woke := done()
+	_, granted := done()
 
 	// Grants given before the change keep their turn: 30 callers queue a
 	// third of a second at 100/s. After them, grants come 50 ms apart:
-	// five span 200 ms, where at the old pace they span 40.
-	last := lastRun(woke[:sort.Search(len(woke), func(i int) bool { return woke[i].After(cleared) })], set, 100*time.Millisecond)
+	// five span 200 ms, where at the old pace they span 40. Grants due
+	// once the override may have gone are the old pace's again.
+	last := lastRun(granted[:sort.Search(len(granted), func(i int) bool { return granted[i].After(clearing) })], set, 100*time.Millisecond)
 	if last.IsZero() {
 		last = set // no grant at the old pace after SetLimit
 	}
-	slow := between(woke, set.Add(time.Second), cleared)
-	fast := between(woke, cleared.Add(time.Second), stop)
+	slow := between(granted, set.Add(time.Second), clearing)
+	fast := between(granted, cleared.Add(time.Second), stop)
 	t.Logf("the old pace ended %v after SetLimit; %d grants in the second before ClearLimit (bound %d), %d in the %v after it",
 		last.Sub(set).Round(time.Millisecond), slow, bound(low, time.Second), fast, stop.Sub(cleared.Add(time.Second)).Round(time.Millisecond))
 	if d := last.Sub(set); d > time.Second {
@@ -140,7 +70,7 @@ func TestSetLimitReachesEveryLimiter(t *testing.T) {
 		t.Errorf("%d grants in %.1fs after ClearLimit restored %v, want about %.0f", fast, secs, old, old.Rate*secs)
 	}
 	// The swarm's bound across both changes: never the larger limit's.
-	if n := maxInWindow(woke, time.Second); n > bound(old, time.Second)+3 {
+	if n := maxInWindow(granted, time.Second); n > bound(old, time.Second)+3 {
 		t.Errorf("%d grants in a second, bound %d", n, bound(old, time.Second))
 	}
 }
@@ -157,7 +87,9 @@ func TestGrantsOutpacedByAChangeAreTakenAgain(t *testing.T) {
 	redistest.Long(t)
 	t.Parallel()
 	srv := redistest.Start(t)
-	stale := NewLimiter(deaf{srv.Client(t)})
+	rdb := srv.Client(t)
+	rdb.AddHook(dueHook{})
+	stale := NewLimiter(deaf{rdb})
 	operator := NewLimiter(srv.Client(t))
 	ctx := context.Background()
 	const name = "outpaced"
@@ -171,18 +103,18 @@ func TestGrantsOutpacedByAChangeAreTakenAgain(t *testing.T) {
 		t.Fatal(err)
 	}
 	set := time.Now()
-	woke := done()
+	_, granted := done()
 
 	// The deaf Limiter reads the record a second after its last read at
 	// most, and grants at the old pace until then; from then on, the
 	// provider sees the new one.
 	heard := set.Add(1100 * time.Millisecond)
 	busiest := 0
-	for i, w := range woke {
+	for i, w := range granted {
 		if w.Before(heard) {
 			continue
 		}
-		busiest = max(busiest, between(woke[i:], w, w.Add(time.Second)))
+		busiest = max(busiest, between(granted[i:], w, w.Add(time.Second)))
 	}
 	t.Logf("%d grants in the busiest second from 1.1s after SetLimit(%v), bound %d", busiest, low, bound(low, time.Second))
 	if busiest > bound(low, time.Second)+3 {
@@ -206,6 +138,7 @@ func TestPauseHoldsEveryGrant(t *testing.T) {
 	// A pause of known length, while 30 callers keep 0.6 s of grants
 	// queued.
 	time.Sleep(time.Until(start.Add(time.Second)))
+	pausing := time.Now() // the pause ends a second after the script read its clock, from here on
 	if err := operator.Pause(ctx, name, time.Second); err != nil {
 		t.Fatal(err)
 	}
@@ -224,15 +157,16 @@ func TestPauseHoldsEveryGrant(t *testing.T) {
 		t.Errorf("status during a pause forever: %+v", st)
 	}
 	time.Sleep(time.Until(forever.Add(time.Second)))
+	resuming := time.Now()
 	if err := operator.Resume(ctx, name); err != nil {
 		t.Fatal(err)
 	}
 	resumed := time.Now()
-	woke := done()
+	woke, due := done()
 
 	report := func(what string, from, to time.Time) {
 		var last time.Time
-		for _, w := range woke {
+		for _, w := range due {
 			if w.After(from) && w.Before(to) {
 				last = w
 			}
@@ -241,16 +175,18 @@ func TestPauseHoldsEveryGrant(t *testing.T) {
 		if !last.IsZero() {
 			lastAfter = last.Sub(from)
 		}
-		during := between(woke, from.Add(50*time.Millisecond), to)
+		during := between(due, from.Add(50*time.Millisecond), to)
 		t.Logf("%s: last grant %v after the call; %d grants from 50 ms after it to its end",
 			what, lastAfter.Round(time.Millisecond), during)
 		if during != 0 {
 			t.Errorf("%s: %d grants during the pause", what, during)
 		}
 	}
-	report("Pause(1s)", paused, paused.Add(time.Second))
-	report("Pause(Forever)", forever, resumed)
-	after := between(woke, paused.Add(time.Second), paused.Add(2*time.Second))
+	// From the instant the call returned to the earliest its pause may
+	// end: grants exactly at the end of the pause fall due there.
+	report("Pause(1s)", paused, pausing.Add(time.Second))
+	report("Pause(Forever)", forever, resuming)
+	after := between(due, paused.Add(time.Second), paused.Add(2*time.Second))
 	if after < 40 || after > bound(lim, time.Second)+2 {
 		t.Errorf("%d grants in the second after the pause, want about %v", after, lim.Rate)
 	}
@@ -267,7 +203,7 @@ func TestPauseHoldsEveryGrant(t *testing.T) {
 		t.Errorf("first grant after Resume at %v, want within 300ms", first.Sub(resumed))
 	}
 	// The queue resumes at its pace: never more than the bound.
-	if n := maxInWindow(woke, time.Second); n > bound(lim, time.Second)+3 {
+	if n := maxInWindow(due, time.Second); n > bound(lim, time.Second)+3 {
 		t.Errorf("%d grants in a second, bound %d", n, bound(lim, time.Second))
 	}
 }
@@ -337,77 +273,6 @@ func TestStatusReports(t *testing.T) {
 	}
 }
 
-func TestPauseRefusesWhatCannotWait(t *testing.T) {
-	_, rdb, _ := newMini(t)
-	l := NewLimiter(rdb)
-	ctx := context.Background()
-	lim := Limit{Rate: 100, Burst: 10}
-	if err := l.Wait(ctx, "p", lim); err != nil {
-		t.Fatal(err)
-	}
-	if err := l.Pause(ctx, "p", time.Hour); err != nil {
-		t.Fatal(err)
-	}
-	if ok, err := l.Allow(ctx, "p", lim); ok || err != nil {
-		t.Errorf("Allow during a pause: %v, %v; want false", ok, err)
-	}
-	prov, reached := countingServer(t)
-	req, _ := http.NewRequest("GET", prov.URL, nil)
-	if _, err := NewTransport(rdb, lim, WithKey(Fixed("p")), WithNoWait()).RoundTrip(req); !errors.Is(err, ErrWouldWait) || reached.Load() != 0 {
-		t.Errorf("WithNoWait during a pause: %v, %d requests sent; want ErrWouldWait and none", err, reached.Load())
-	}
-	short, cancel := context.WithTimeout(ctx, time.Second)
-	defer cancel()
-	began := time.Now()
-	if err := l.Wait(short, "p", lim); !errors.Is(err, ErrWouldExceedDeadline) || time.Since(began) > 100*time.Millisecond {
-		t.Errorf("Wait with a deadline before the pause ends: %v after %v; want ErrWouldExceedDeadline at once", err, time.Since(began))
-	}
-	dry := NewLimiter(rdb, WithDryRun())
-	if err := dry.Wait(ctx, "p", lim); err != nil {
-		t.Errorf("dry run during a pause: %v", err)
-	}
-	// Without a deadline a caller waits for the resume.
-	waited := make(chan error, 1)
-	go func() { waited <- l.Wait(ctx, "p", lim) }()
-	select {
-	case err := <-waited:
-		t.Fatalf("Wait returned %v during the pause", err)
-	case <-time.After(100 * time.Millisecond):
-	}
-	if err := l.Resume(ctx, "p"); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case err := <-waited:
-		if err != nil {
-			t.Fatal(err)
-		}
-	case <-time.After(2 * time.Second):
-		t.Fatal("Wait still waiting 2s after Resume")
-	}
-
-	for _, c := range []struct {
-		what string
-		err  error
-		want error
-	}{
-		{"SetLimit rate 0", l.SetLimit(ctx, "p", Limit{}), ErrInvalidLimit},
-		{"SetLimit burst -1", l.SetLimit(ctx, "p", Limit{Rate: 1, Burst: -1}), ErrInvalidLimit},
-		{"Pause 0", l.Pause(ctx, "p", 0), ErrInvalidLimit},
-		{"Pause -1s", l.Pause(ctx, "p", -time.Second), ErrInvalidLimit},
-		{"Pause of an empty name", l.Pause(ctx, "", time.Second), ErrInvalidKey},
-		{"SetLimit of an empty name", l.SetLimit(ctx, "", lim), ErrInvalidKey},
-		{"Resume of an empty name", l.Resume(ctx, ""), ErrInvalidKey},
-	} {
-		if !errors.Is(c.err, c.want) {
-			t.Errorf("%s: %v, want %v", c.what, c.err, c.want)
-		}
-	}
-	if _, err := l.Status(ctx, ""); !errors.Is(err, ErrInvalidKey) {
-		t.Errorf("Status of an empty name: %v", err)
-	}
-}
-
 func TestOverrideAppliesToTheFirstLayerOnly(t *testing.T) {
 	_, rdb, _ := newMini(t)
 	l := NewLimiter(rdb)
@@ -434,83 +299,124 @@ func TestOverrideAppliesToTheFirstLayerOnly(t *testing.T) {
 	}
 }
 
-func TestControlReadsAreBounded(t *testing.T) {
+// TestLimitChangeDuringAPause: a change of the Limit during a pause
+// rescales the queue the bucket owes, not the pause: the queue after the
+// resume is what the debt takes at the new rate.
+func TestLimitChangeDuringAPause(t *testing.T) {
 	redistest.Long(t)
 	t.Parallel()
 	srv := redistest.Start(t)
-	rdb := srv.Client(t)
-	cmds := newCmdCounter()
-	rdb.AddHook(cmds)
-	l := NewLimiter(rdb)
+	l := NewLimiter(srv.Client(t))
 	ctx := context.Background()
-	lim := Limit{Rate: 1000, Burst: 1000}
-	began := time.Now()
-	for time.Since(began) < 2500*time.Millisecond {
-		if err := l.Wait(ctx, "reads", lim); err != nil {
-			t.Fatal(err)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
-	reads, takes := cmds.get("control"), cmds.get("evalsha")+cmds.get("eval")
-	t.Logf("%d takes, %d reads of the control record in 2.5s", takes, reads)
-	if reads < 2 || reads > 4 {
-		t.Errorf("%d reads of the control record in 2.5s, want the first and one a second", reads)
-	}
-}
-
-// A control record that holds nothing an operator set lives while its
-// bucket is in use or queued, and no longer; one with an override or a
-// pause with no end stays.
-func TestControlRecordExpires(t *testing.T) {
-	srv := redistest.Start(t)
-	rdb := srv.Client(t)
-	l := NewLimiter(rdb)
-	ctx := context.Background()
-	const name = "expiry"
-	key := "quota:{" + name + "}"
-	ttl := func() time.Duration {
-		t.Helper()
-		d, err := rdb.PTTL(ctx, key+control.Suffix).Result()
+	lim := Limit{Rate: 100, Burst: 100}
+	for _, tc := range []struct {
+		to       Limit
+		min, max time.Duration // the queue after the resume
+	}{
+		// 300 tokens taken of 100: 200 owed; at 10/s the bucket is full
+		// again in 30s, and the last grant falls due 10s before that.
+		{Limit{Rate: 10, Burst: 100}, 15 * time.Second, 25 * time.Second},
+		// At 1000/s, 200 owed take 0.2s, the last due 0.1s before full.
+		{Limit{Rate: 1000, Burst: 100}, 50 * time.Millisecond, 300 * time.Millisecond},
+	} {
+		name := fmt.Sprintf("rescaled-%v", tc.to.Rate)
+		b, err := l.bucket(name, []Limit{lim})
 		if err != nil {
 			t.Fatal(err)
 		}
-		return d
-	}
-	// A queue of a minute: the record lives as long.
-	if ok, err := l.AllowN(ctx, name, 61, Limit{Rate: 1, Burst: 61}); !ok || err != nil {
-		t.Fatal(ok, err)
-	}
-	if err := l.ClearLimit(ctx, name); err != nil { // a write, that sets the expiry again
-		t.Fatal(err)
-	}
-	if d := ttl(); d < 55*time.Second || d > 62*time.Second {
-		t.Errorf("a record whose bucket is full in a minute expires in %v", d)
-	}
-	for _, c := range []struct {
-		what string
-		do   func() error
-		keep bool
-	}{
-		{"an override", func() error { return l.SetLimit(ctx, name, Limit{Rate: 2, Burst: 4}) }, true},
-		{"no override", func() error { return l.ClearLimit(ctx, name) }, false},
-		{"a pause forever", func() error { return l.Pause(ctx, name, Forever) }, true},
-		{"a resume", func() error { return l.Resume(ctx, name) }, false},
-	} {
-		if err := c.do(); err != nil {
+		// A Wait records the callers' Limit for the change to rescale from.
+		if err := l.WaitN(ctx, name, 100, lim); err != nil {
 			t.Fatal(err)
 		}
-		if d := ttl(); (d == -1) != c.keep {
-			t.Errorf("after %s the record expires in %v; want it kept: %v", c.what, d, c.keep)
+		for range 2 {
+			if _, err := l.store.Take(ctx, b.Bucket, store.Tokens(100), time.Minute); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := l.Pause(ctx, name, Forever); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(100 * time.Millisecond)
+		if err := l.SetLimit(ctx, name, tc.to); err != nil {
+			t.Fatal(err)
+		}
+		if err := l.Resume(ctx, name); err != nil {
+			t.Fatal(err)
+		}
+		st, err := l.Status(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("100/s, 300 tokens taken, Pause(Forever), SetLimit(%v/s), Resume: queue %v, %.1f tokens", tc.to.Rate, st.Queue, st.Tokens)
+		if st.Queue < tc.min || st.Queue > tc.max {
+			t.Errorf("SetLimit(%v/s) during a pause: queue %v after the resume, want %v to %v", tc.to.Rate, st.Queue, tc.min, tc.max)
 		}
 	}
-	// An unqueued bucket's record goes 10 s after its last read.
-	if err := rdb.Del(ctx, key).Err(); err != nil {
+}
+
+// busiest returns the most instants of ts in any second that starts at or
+// after from.
+func busiest(ts []time.Time, from time.Time) int {
+	n := 0
+	for i, at := range ts {
+		if !at.Before(from) {
+			n = max(n, between(ts[i:], at, at.Add(time.Second)))
+		}
+	}
+	return n
+}
+
+// TestLoweredLimitHoldsUnderPriorities: callers of priorities 0 and 5 on
+// 40/s, half a second of queue at that rate; once SetLimit has lowered
+// the bucket to 10/s burst 1 and the change has settled (a second), no
+// second holds more than its burst and rate, and a margin of 2. Six
+// trials on buckets of their own, one Limiter or two, as the excess comes
+// in most runs, not all.
+func TestLoweredLimitHoldsUnderPriorities(t *testing.T) {
+	redistest.Long(t)
+	t.Parallel()
+	srv := redistest.Start(t)
+	lim := Limit{Rate: 40, Burst: 1}
+	for trial, v := range []struct{ fleet, p0, p5 int }{{1, 16, 4}, {2, 8, 2}, {1, 16, 4}, {2, 8, 2}, {1, 16, 4}, {2, 8, 2}} {
+		t.Run(fmt.Sprintf("trial %d, %d Limiters of %d+%d callers", trial, v.fleet, v.p0, v.p5), func(t *testing.T) {
+			t.Parallel()
+			loweredUnderPriorities(t, srv, "lowered-"+strconv.Itoa(trial), lim, v.fleet, v.p0, v.p5)
+		})
+	}
+}
+
+// loweredUnderPriorities runs fleet Limiters with p0 callers of priority 0
+// and p5 of priority 5 each on lim, lowers the bucket called name to 10/s
+// burst 1 a second in, and checks the seconds from 1 s after the change.
+func loweredUnderPriorities(t *testing.T, srv *redistest.Server, name string, lim Limit, fleet, p0, p5 int) {
+	low := Limit{Rate: 10, Burst: 1}
+	operator := NewLimiter(srv.Client(t))
+	var stops []func() []time.Time
+	for range fleet {
+		_, stop := waiters(t, NewLimiter(srv.Client(t)), name, lim, p0+p5, func(i int) int {
+			if i < p5 {
+				return 5
+			}
+			return 0
+		})
+		stops = append(stops, stop)
+	}
+	start := time.Now()
+	sleepUntil(start.Add(time.Second))
+	set := time.Now()
+	if err := operator.SetLimit(context.Background(), name, low); err != nil {
 		t.Fatal(err)
 	}
-	if err := l.ClearLimit(ctx, name); err != nil {
-		t.Fatal(err)
+	sleepUntil(set.Add(4 * time.Second))
+	var ts []time.Time
+	for _, stop := range stops {
+		ts = append(ts, stop()...)
 	}
-	if d := ttl(); d < 9*time.Second || d > 10*time.Second {
-		t.Errorf("a record with nothing set and no queue expires in %v, want 10s", d)
+	slices.SortFunc(ts, time.Time.Compare)
+	n, limit := busiest(ts[:between(ts, start, set.Add(4*time.Second))], set.Add(time.Second)), bound(low, time.Second)+2
+	t.Logf("priorities 0 and 5 on %v, SetLimit(%v): %d Wait returns in the busiest second from 1s after the change, bound %d (%d and a margin of 2); each second from the change: %v",
+		lim, low, n, limit, bound(low, time.Second), histogram(ts, set, time.Second))
+	if n > limit {
+		t.Errorf("%d in a second under %v, bound %d", n, low, limit)
 	}
 }

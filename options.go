@@ -6,17 +6,12 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/sharedquota/quota/internal/adapt"
+	"github.com/sharedquota/quota/internal/pool"
+
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 )
-
-// DefaultPrefix is the prefix of every Redis key the package writes unless
-// WithPrefix says otherwise.
-const DefaultPrefix = "quota:"
-
-// DefaultMaxWait is the longest single sleep of a Wait whose context has no
-// deadline, unless WithMaxWait says otherwise.
-const DefaultMaxWait = 5 * time.Second
 
 // An Option configures a Limiter: NewLimiter takes it, and so does
 // NewTransport for the Limiter it makes. Every Option is a
@@ -38,7 +33,7 @@ type TransportOption interface {
 // limiterOpt is an Option; transportOpt only a TransportOption.
 type (
 	limiterOpt   func(*config)
-	transportOpt func(*config)
+	transportOpt func(*transportConfig)
 )
 
 func (f limiterOpt) apply(c *config) {
@@ -46,10 +41,10 @@ func (f limiterOpt) apply(c *config) {
 	c.limiterOpts++
 }
 func (limiterOpt) limiterOption()      {}
-func (f transportOpt) apply(c *config) { f(c) }
+func (f transportOpt) apply(c *config) { f(&c.tr) }
 
+// config is a Limiter's configuration, and beside it the Transport's.
 type config struct {
-	// Limiter
 	prefix         string
 	maxWait        time.Duration
 	noBatching     bool
@@ -65,7 +60,12 @@ type config struct {
 	minShares      []float64 // by priority; nil: none
 	tenants        *Tenants  // nil: none (see WithTenants)
 
-	// Transport
+	tr          transportConfig // the TransportOptions given
+	limiterOpts int             // Options given, which WithLimiter refuses beside it
+}
+
+// transportConfig is a Transport's configuration, beside its Limiter's.
+type transportConfig struct {
 	limiter         *Limiter // shared; nil: the Transport's own
 	base            http.RoundTripper
 	key             KeyFunc
@@ -81,22 +81,23 @@ type config struct {
 	metering        *metering
 	priority        func(*http.Request) int
 	tenant          func(*http.Request) string
-
-	limiterOpts int // Options given, which WithLimiter refuses beside it
+	adapt           *adapt.Learner
+	pool            *pool.Pool // nil: none (see WithPool)
 }
 
 func newConfig(opts []TransportOption) config {
 	c := config{
-		prefix:   DefaultPrefix,
-		maxWait:  DefaultMaxWait,
-		policy:   FailClosed,
-		logger:   slog.Default(),
-		base:     http.DefaultTransport,
-		key:      Host,
-		maxPause: DefaultMaxPause,
-
-		slotLease:  DefaultSlotLease,
-		slotLinger: -1,
+		prefix:    DefaultPrefix,
+		maxWait:   DefaultMaxWait,
+		policy:    FailClosed,
+		logger:    slog.Default(),
+		slotLease: DefaultSlotLease,
+		tr: transportConfig{
+			base:       http.DefaultTransport,
+			key:        Host,
+			maxPause:   DefaultMaxPause,
+			slotLinger: -1,
+		},
 	}
 	for _, o := range opts {
 		o.apply(&c)
@@ -132,7 +133,7 @@ func WithMaxWait(d time.Duration) Option {
 // client's backoff (it is not Permanent). A Limiter's callers who must not
 // wait use Limiter.Allow.
 func WithNoWait() TransportOption {
-	return transportOpt(func(c *config) { c.noWait = true })
+	return transportOpt(func(c *transportConfig) { c.noWait = true })
 }
 
 // WithLimiter makes a Transport take its tokens from l, shared with the
@@ -147,7 +148,7 @@ func WithLimiter(l *Limiter) TransportOption {
 	if l == nil {
 		panic("quota: WithLimiter(nil)")
 	}
-	return transportOpt(func(c *config) { c.limiter = l })
+	return transportOpt(func(c *transportConfig) { c.limiter = l })
 }
 
 // WithNoBatching makes every acquisition a script call of its own.
@@ -252,7 +253,7 @@ func WithName(name string) Option {
 // WithBase sets the RoundTripper a Transport delegates to,
 // http.DefaultTransport by default or when rt is nil.
 func WithBase(rt http.RoundTripper) TransportOption {
-	return transportOpt(func(c *config) {
+	return transportOpt(func(c *transportConfig) {
 		if rt == nil {
 			rt = http.DefaultTransport
 		}
@@ -266,28 +267,7 @@ func WithKey(f KeyFunc) TransportOption {
 	if f == nil {
 		panic("quota: WithKey(nil)")
 	}
-	return transportOpt(func(c *config) { c.key = f })
-}
-
-// WithLimits gives the buckets named in m their own Limit; a Transport uses
-// the Limit passed to NewTransport for every other bucket. The names are
-// those the KeyFunc returns, for example "api.example.com" or
-// "api.example.com/eu". The map is copied.
-func WithLimits(m map[string]Limit) TransportOption {
-	cp := make(map[string]Limit, len(m))
-	for k, v := range m {
-		cp[k] = v
-	}
-	return transportOpt(func(c *config) { c.limits = cp })
-}
-
-// WithLayers makes every bucket of a Transport obey lims as well as its own
-// Limit, as providers publish layered limits: PerSecond(10) for the bucket
-// and WithLayers(PerMinute(300), PerDay(10000)). Each request takes its
-// tokens from every layer in one script call, all or nothing.
-func WithLayers(lims ...Limit) TransportOption {
-	cp := append([]Limit(nil), lims...)
-	return transportOpt(func(c *config) { c.layers = cp })
+	return transportOpt(func(c *transportConfig) { c.key = f })
 }
 
 // WithCost sets how many tokens a request takes, 1 by default: a batch
@@ -299,7 +279,7 @@ func WithCost(f func(*http.Request) float64) TransportOption {
 	if f == nil {
 		panic("quota: WithCost(nil)")
 	}
-	return transportOpt(func(c *config) { c.cost = f })
+	return transportOpt(func(c *transportConfig) { c.cost = f })
 }
 
 // WithSettle makes a Transport settle each request's cost once its response
@@ -312,7 +292,7 @@ func WithSettle(f func(*http.Response) (float64, bool)) TransportOption {
 	if f == nil {
 		panic("quota: WithSettle(nil)")
 	}
-	return transportOpt(func(c *config) { c.settle = f })
+	return transportOpt(func(c *transportConfig) { c.settle = f })
 }
 
 // WithMaxPause bounds the pause that a provider's 429 or 503 response with
@@ -324,7 +304,7 @@ func WithMaxPause(d time.Duration) TransportOption {
 	if d < 0 {
 		panic(fmt.Sprintf("quota: WithMaxPause(%v): the pause must not be negative", d))
 	}
-	return transportOpt(func(c *config) { c.maxPause = d })
+	return transportOpt(func(c *transportConfig) { c.maxPause = d })
 }
 
 // WithConcurrency makes a Transport hold one of n concurrency slots of the
@@ -354,7 +334,7 @@ func WithConcurrency(n int) TransportOption {
 	if n < 1 {
 		panic(fmt.Sprintf("quota: WithConcurrency(%d): want at least one slot", n))
 	}
-	return transportOpt(func(c *config) { c.concurrency = n })
+	return transportOpt(func(c *transportConfig) { c.concurrency = n })
 }
 
 // WithSlotLinger sets how long a concurrency slot stays held after its
@@ -370,7 +350,7 @@ func WithSlotLinger(d time.Duration) TransportOption {
 	if d < 0 {
 		panic(fmt.Sprintf("quota: WithSlotLinger(%v): the linger must not be negative", d))
 	}
-	return transportOpt(func(c *config) { c.slotLinger = d })
+	return transportOpt(func(c *transportConfig) { c.slotLinger = d })
 }
 
 // WithSlotLease sets the lease of a concurrency slot, DefaultSlotLease
@@ -396,5 +376,5 @@ func WithSlotLease(d time.Duration) Option {
 // the account. It costs one more Redis call for responses that report fewer
 // remaining than the burst.
 func WithProviderHeaders() TransportOption {
-	return transportOpt(func(c *config) { c.providerHeaders = true })
+	return transportOpt(func(c *transportConfig) { c.providerHeaders = true })
 }

@@ -3,74 +3,26 @@ package quota
 import (
 	"context"
 	"errors"
-	"log/slog"
 	"net/http"
+	"net/http/httptest"
 	"testing"
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
+	"github.com/sharedquota/quota/internal/obs"
 	"github.com/sharedquota/quota/internal/redistest"
+	"github.com/sharedquota/quota/internal/slots"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
-	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
-	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 )
 
-// telemetry is an SDK tracer and meter provider whose output a test reads.
-type telemetry struct {
-	spans  *tracetest.SpanRecorder
-	tp     *sdktrace.TracerProvider
-	reader *sdkmetric.ManualReader
-	mp     *sdkmetric.MeterProvider
-}
-
-func newTelemetry(t *testing.T) *telemetry {
-	spans := tracetest.NewSpanRecorder()
-	reader := sdkmetric.NewManualReader()
-	tel := &telemetry{
-		spans:  spans,
-		tp:     sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans)),
-		reader: reader,
-		mp:     sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)),
-	}
-	t.Cleanup(func() {
-		tel.tp.Shutdown(context.Background())
-		tel.mp.Shutdown(context.Background())
-	})
-	return tel
-}
-
-func (tel *telemetry) options() []Option {
-	return []Option{WithTracerProvider(tel.tp), WithMeterProvider(tel.mp)}
-}
-
-// transportOptions is options for a Transport, followed by more.
-func (tel *telemetry) transportOptions(more ...TransportOption) []TransportOption {
-	return append([]TransportOption{WithTracerProvider(tel.tp), WithMeterProvider(tel.mp)}, more...)
-}
-
-// waitSpans returns the ended quota.wait spans.
-func (tel *telemetry) waitSpans() []sdktrace.ReadOnlySpan {
-	var out []sdktrace.ReadOnlySpan
-	for _, s := range tel.spans.Ended() {
-		if s.Name() == "quota.wait" {
-			out = append(out, s)
-		}
-	}
-	return out
-}
-
-func attrs(s sdktrace.ReadOnlySpan) map[attribute.Key]attribute.Value {
-	m := map[attribute.Key]attribute.Value{}
-	for _, kv := range s.Attributes() {
-		m[kv.Key] = kv.Value
-	}
-	return m
-}
+// Tests of the telemetry (otel.go, and the spans and metrics the Limiter
+// records): wait spans, of Allow and of pauses too, metrics and their keys,
+// and the gauges of slots.
 
 // spanContextHook records the span in the context of each take.
 type spanContextHook struct{ seen chan trace.SpanContext }
@@ -158,15 +110,6 @@ func TestWaitSpan(t *testing.T) {
 	if got := <-redisSpans.seen; got.SpanID() != s.SpanContext().SpanID() {
 		t.Errorf("the Redis call ran in span %v, want the wait span %v", got.SpanID(), s.SpanContext().SpanID())
 	}
-}
-
-// waitSpanIDOrZero returns the ID of the last ended wait span, if any.
-func (tel *telemetry) waitSpanIDOrZero() trace.SpanID {
-	spans := tel.waitSpans()
-	if len(spans) == 0 {
-		return trace.SpanID{}
-	}
-	return spans[len(spans)-1].SpanContext().SpanID()
 }
 
 func TestWaitSpanErrors(t *testing.T) {
@@ -268,7 +211,7 @@ func TestMetrics(t *testing.T) {
 		outcome string
 		want    int64
 	}{{"granted", 3}, {"cancelled", 1}, {"refused", 1}} {
-		got := sumOf(rm, "quota.acquisitions", []attribute.KeyValue{attrMode.String("shared"), attrOutcome.String(c.outcome)})
+		got := sumOf(rm, "quota.acquisitions", []attribute.KeyValue{obs.AttrMode.String("shared"), obs.AttrOutcome.String(c.outcome)})
 		if got != c.want {
 			t.Errorf("quota.acquisitions{outcome=%s} = %d, want %d", c.outcome, got, c.want)
 		}
@@ -287,7 +230,7 @@ func TestMetrics(t *testing.T) {
 	for _, dp := range hist.DataPoints {
 		count += dp.Count
 		sum += dp.Sum
-		if len(dp.Bounds) != len(waitBuckets) || dp.Bounds[0] != 0.001 || dp.Bounds[len(dp.Bounds)-1] != 10 {
+		if len(dp.Bounds) != len(obs.WaitBuckets) || dp.Bounds[0] != 0.001 || dp.Bounds[len(dp.Bounds)-1] != 10 {
 			t.Errorf("bucket bounds %v, want 1ms to 10s", dp.Bounds)
 		}
 		for i, b := range dp.Bounds {
@@ -322,14 +265,14 @@ func TestMetrics(t *testing.T) {
 		t.Fatal("no quota.limiter.mode")
 	}
 	for _, dp := range g.Data.(metricdata.Gauge[int64]).DataPoints {
-		name, _ := dp.Attributes.Value(attrLimiter)
-		mode, _ := dp.Attributes.Value(attrMode)
+		name, _ := dp.Attributes.Value(obs.AttrLimiter)
+		mode, _ := dp.Attributes.Value(obs.AttrMode)
 		if want := map[bool]int64{true: 1, false: 0}[mode.AsString() == "shared"]; dp.Value != want || name.AsString() != "geo" {
 			t.Errorf("quota.limiter.mode{%s,%s} = %d, want %d", name.AsString(), mode.AsString(), dp.Value, want)
 		}
 	}
 	for _, m := range []string{"quota.acquisitions", "quota.wait.duration"} {
-		if hasAttr(find(rm, m), attrKey) {
+		if hasAttr(find(rm, m), obs.AttrKey) {
 			t.Errorf("%s carries quota.key without WithMetricKeys", m)
 		}
 	}
@@ -346,45 +289,9 @@ func TestMetricKeys(t *testing.T) {
 	}
 	var rm metricdata.ResourceMetrics
 	tel.reader.Collect(context.Background(), &rm)
-	if !hasAttr(find(rm, "quota.acquisitions"), attrKey) {
+	if !hasAttr(find(rm, "quota.acquisitions"), obs.AttrKey) {
 		t.Error("quota.acquisitions lacks quota.key with WithMetricKeys")
 	}
-}
-
-func find(rm metricdata.ResourceMetrics, name string) *metricdata.Metrics {
-	for _, sm := range rm.ScopeMetrics {
-		if sm.Scope.Name != ScopeName {
-			continue
-		}
-		for i := range sm.Metrics {
-			if sm.Metrics[i].Name == name {
-				return &sm.Metrics[i]
-			}
-		}
-	}
-	return nil
-}
-
-// sumOf adds up the data points of the counter name whose attributes
-// include want.
-func sumOf(rm metricdata.ResourceMetrics, name string, want []attribute.KeyValue) int64 {
-	m := find(rm, name)
-	if m == nil {
-		return 0
-	}
-	var total int64
-	for _, dp := range m.Data.(metricdata.Sum[int64]).DataPoints {
-		ok := true
-		for _, kv := range want {
-			if v, found := dp.Attributes.Value(kv.Key); !found || v != kv.Value {
-				ok = false
-			}
-		}
-		if ok {
-			total += dp.Value
-		}
-	}
-	return total
 }
 
 func hasAttr(m *metricdata.Metrics, key attribute.Key) bool {
@@ -410,8 +317,6 @@ func hasAttr(m *metricdata.Metrics, key attribute.Key) bool {
 	return false
 }
 
-func discardLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }
-
 func TestPauseSpan(t *testing.T) {
 	tel := newTelemetry(t)
 	_, rdb, _ := newMini(t)
@@ -436,5 +341,135 @@ func TestPauseSpan(t *testing.T) {
 	}
 	if got := attrs(pause)["quota.pause.seconds"]; got.AsFloat64() != 1 {
 		t.Errorf("quota.pause.seconds = %v, want the Retry-After of 1", got.String())
+	}
+}
+
+func TestAllowSpans(t *testing.T) {
+	tel := newTelemetry(t)
+	_, rdb := limiterServer(t)
+	l := NewLimiter(rdb, tel.options()...)
+	ctx := context.Background()
+	lim := Limit{Rate: 0.05, Burst: 1}
+	l.Allow(ctx, "k", lim)
+	l.Allow(ctx, "k", lim)
+	spans := tel.waitSpans()
+	if len(spans) != 2 {
+		t.Fatalf("%d spans, want 2", len(spans))
+	}
+	for i, want := range []struct{ outcome, errType string }{{"granted", ""}, {"refused", "would_wait"}} {
+		a := attrs(spans[i])
+		if a["quota.outcome"].AsString() != want.outcome || a["error.type"].AsString() != want.errType {
+			t.Errorf("span %d: outcome %q error.type %q, want %+v", i, a["quota.outcome"].AsString(), a["error.type"].AsString(), want)
+		}
+		if _, ok := a["quota.dry_run"]; ok {
+			t.Errorf("span %d carries quota.dry_run without WithDryRun", i)
+		}
+	}
+}
+
+func TestSlotTelemetry(t *testing.T) {
+	redistest.Long(t)
+	t.Parallel()
+	rdb := newServerClient(t)
+	tel := newTelemetry(t)
+	l := NewLimiter(rdb, tel.options()...)
+	ctx := context.Background()
+	first, err := l.AcquireSlot(ctx, "seen", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rm metricdata.ResourceMetrics
+	tel.reader.Collect(ctx, &rm)
+	if held := sumOf(rm, "quota.slots.held", []attribute.KeyValue{obs.AttrMode.String("shared")}); held != 1 {
+		t.Errorf("quota.slots.held = %d while one is held, want 1", held)
+	}
+	go func() {
+		// Released 300 ms after the second queued for it, so that it is
+		// handed on however late a loaded machine sends the second's call.
+		key, _ := bucketKey(DefaultPrefix, "seen")
+		for start := time.Now(); time.Since(start) < 5*time.Second; time.Sleep(5 * time.Millisecond) {
+			if n, _ := rdb.ZCard(ctx, key+slots.WaitingSuffix).Result(); n > 0 {
+				break
+			}
+		}
+		time.Sleep(300 * time.Millisecond)
+		first.Release()
+	}()
+	second, err := l.AcquireSlot(ctx, "seen", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	second.Release()
+	spans := tel.waitSpans()
+	if len(spans) != 2 {
+		t.Fatalf("%d wait spans, want 2", len(spans))
+	}
+	a := attrs(spans[1])
+	if w := a[obs.AttrSlotWait].AsFloat64(); w < 0.2 || a[obs.AttrSlots].AsInt64() != 1 {
+		t.Errorf("the second span: slot wait %v s, slots %v; want about 0.3 s and 1", w, a[obs.AttrSlots].AsInt64())
+	}
+	eventually(t, 5*time.Second, "the gauge back to zero", func() bool {
+		var rm metricdata.ResourceMetrics
+		tel.reader.Collect(ctx, &rm)
+		return sumOf(rm, "quota.slots.held", []attribute.KeyValue{obs.AttrMode.String("shared")}) == 0
+	})
+	rm = metricdata.ResourceMetrics{}
+	tel.reader.Collect(ctx, &rm)
+	if n := sumOf(rm, "quota.slot.events", []attribute.KeyValue{obs.AttrSlotEvent.String(obs.Handed)}); n != 1 {
+		t.Errorf("%d slots handed, want 1: the second waited for the first's release", n)
+	}
+	if find(rm, "quota.slot.wait.duration") == nil {
+		t.Error("no quota.slot.wait.duration")
+	}
+}
+
+// TestSlotLingerTelemetry: a request cancelled after it was written keeps
+// its slot for the linger, in the gauge as lingering, then lets it go.
+func TestSlotLingerTelemetry(t *testing.T) {
+	redistest.Long(t)
+	t.Parallel()
+	rdb := newServerClient(t)
+	tel := newTelemetry(t)
+	arrived := make(chan struct{}, 1)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		arrived <- struct{}{}
+		<-r.Context().Done()
+	}))
+	defer srv.Close()
+	const linger = 500 * time.Millisecond
+	client := &http.Client{Transport: NewTransport(rdb, fastLimit, tel.transportOptions(WithConcurrency(1), WithSlotLinger(linger))...)}
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() {
+		<-arrived
+		cancel()
+	}()
+	req, _ := http.NewRequestWithContext(ctx, "GET", srv.URL, nil)
+	if _, err := client.Do(req); err == nil {
+		t.Fatal("want the cancellation")
+	}
+	cancelled := time.Now()
+	lingering := func() int64 {
+		var rm metricdata.ResourceMetrics
+		tel.reader.Collect(context.Background(), &rm)
+		return sumOf(rm, "quota.slots.held", []attribute.KeyValue{obs.AttrSlotState.String(obs.Lingering)})
+	}
+	if n := lingering(); n != 1 {
+		t.Errorf("%d slots lingering after the cancel, want 1", n)
+	}
+	// The slot is still held: another request waits for it.
+	req, _ = http.NewRequest("GET", srv.URL, nil)
+	wctx, wcancel := context.WithTimeout(context.Background(), linger/5)
+	defer wcancel()
+	if _, err := client.Do(req.WithContext(wctx)); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("a request during the linger: %v, want to wait for the slot", err)
+	}
+	eventually(t, 5*time.Second, "the lingering slot let go", func() bool { return lingering() == 0 })
+	if d := time.Since(cancelled); d < linger {
+		t.Errorf("let go %v after the cancel, want the linger, %v", d, linger)
+	}
+	var rm metricdata.ResourceMetrics
+	tel.reader.Collect(context.Background(), &rm)
+	if n := sumOf(rm, "quota.slot.events", []attribute.KeyValue{obs.AttrSlotEvent.String(obs.Lingered)}); n != 1 {
+		t.Errorf("%d lingered events, want 1", n)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/sharedquota/quota/internal/breaker"
 	"github.com/sharedquota/quota/internal/redisx"
 	"github.com/sharedquota/quota/internal/store"
 )
@@ -137,35 +138,46 @@ func (l *Limiter) trip(b bucket, err error) { l.breaker.Trip(b.Name, l.prober(b)
 // degraded tells the breaker that the policy serves a request on b.
 func (l *Limiter) degraded(b bucket) { l.breaker.Touch(l.prober(b)) }
 
-// prober returns the breaker's question to Redis about b (see ask).
+// prober returns the breaker's probe of Redis about b (see asking).
 func (l *Limiter) prober(b bucket) func(context.Context) error {
-	return func(ctx context.Context) error { return l.ask(ctx, b) }
+	return l.asking(func(ctx context.Context) error { return l.store.Probe(ctx, b.Bucket) })
 }
 
-// levelFor is ERROR where the outage stops or unlimits traffic, WARN where
-// the local fallback keeps it moving within the limit.
-func levelFor(m Mode) slog.Level {
-	if m == ModeLocal {
-		return slog.LevelWarn
+// asking returns the breaker's probe that asks Redis with call, having
+// it learn of a failover first. Redis answered when call returns nil, or
+// an error that is not an outage (a script error, missing rights), which
+// ends the outage too: the probe then waits for the instant the fleet
+// resumes the shared bucket, the policy serving meanwhile, and hands the
+// local shares over to it. The breaker stays open when the hand-over
+// fails: Redis may have gone again.
+func (l *Limiter) asking(call func(context.Context) error) func(context.Context) error {
+	return func(ctx context.Context) error {
+		redisx.ReloadCluster(ctx, l.store.Client()) // learn of a failover now
+		if err := call(ctx); err != nil && l.unavailable(err) {
+			return err
+		}
+		time.Sleep(l.resumeIn(ctx))
+		return l.settleLocal()
 	}
-	return slog.LevelError
 }
 
-// describeMode says what the policy does to requests in mode m.
-func describeMode(m Mode, dryRun bool) string {
-	var s string
-	switch m {
-	case ModeLocal:
-		s = "requests now use this process's local share of each limit"
-	case ModeOpen:
-		s = "requests now pass UNLIMITED"
-	default:
-		s = "requests now fail"
+// unavailable reports whether err, the error of a call in the
+// background, says that Redis is unavailable (see classify).
+func (l *Limiter) unavailable(err error) bool {
+	return errors.Is(l.classify(context.Background(), err), ErrUnavailable)
+}
+
+// changed logs a change of the breaker's state, idle being its probe's
+// idle time; as the breaker closes, the shared bucket and slots serve
+// again first (see closed).
+func (l *Limiter) changed(c breaker.Change, idle time.Duration) {
+	if c.Event != breaker.Tripped && c.Event != breaker.Reminded {
+		l.closed()
 	}
-	if dryRun {
-		s += " (dry run: measured, not enforced)"
-	}
-	return s
+	mode := l.cfg.policy.mode()
+	level, msg, attrs := breaker.Record(c, breaker.Policy{Name: l.cfg.policy.String(), Mode: mode.String(),
+		Local: mode == ModeLocal, Open: mode == ModeOpen, DryRun: l.cfg.dryRun}, l.client, idle)
+	l.cfg.logger.LogAttrs(context.Background(), level, msg, attrs...)
 }
 
 // degradedWait serves a request by the Policy while Redis is unavailable,
@@ -183,18 +195,6 @@ func (l *Limiter) degradedWait(ctx context.Context, b bucket, n store.Cost, mode
 	return 0, fmt.Errorf("%w: %w", ErrUnavailable, l.breaker.Cause())
 }
 
-// ask is the breaker's question to Redis: it returns nil when Redis
-// answered, even with an error that is not an outage (a script error,
-// missing rights), since that ends the outage too.
-func (l *Limiter) ask(ctx context.Context, b bucket) error {
-	redisx.ReloadCluster(ctx, l.store.Client()) // learn of a failover now
-	err := l.store.Probe(ctx, b.Bucket)
-	if err != nil && errors.Is(l.classify(context.Background(), err), ErrUnavailable) {
-		return err
-	}
-	return nil
-}
-
 // classify turns an error of a Redis call into the error a caller gets
 // (see classify). It logs the first ErrNoPermission: no change of mode
 // reports it, since the policy does not serve such calls.
@@ -203,11 +203,18 @@ func (l *Limiter) classify(ctx context.Context, err error) error {
 	if errors.Is(cerr, ErrNoPermission) && l.deniedLogged.CompareAndSwap(false, true) {
 		l.cfg.logger.LogAttrs(context.Background(), slog.LevelError,
 			"quota: the Redis user lacks a permission or cannot log in; its calls fail with ErrNoPermission",
-			slog.String("redis", l.updates.client),
+			slog.String("redis", l.client),
 			slog.String("cause", err.Error()),
 		)
 	}
 	return cerr
 }
 
-func (l *Limiter) mode() Mode { return Mode(l.breaker.Mode()) }
+// mode is ModeShared while the breaker is closed, the policy's mode while
+// it is open.
+func (l *Limiter) mode() Mode {
+	if l.breaker.Open() {
+		return l.cfg.policy.mode()
+	}
+	return ModeShared
+}

@@ -6,45 +6,22 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
-	"github.com/sharedquota/quota/internal/logtest"
+	"github.com/sharedquota/quota/internal/faultproxy"
 	"github.com/sharedquota/quota/internal/redistest"
 )
 
-// logRecorder keeps the records logged.
-type logRecorder = logtest.Recorder
-
-// limiterOptions are the go-redis options a limiter's client should have:
-// short timeouts and no retries, so that an outage is detected within one
-// call's timeout.
-func limiterOptions(addr string) *redis.Options {
-	return &redis.Options{
-		Addr:                  addr,
-		DialTimeout:           100 * time.Millisecond,
-		ReadTimeout:           100 * time.Millisecond,
-		WriteTimeout:          100 * time.Millisecond,
-		PoolTimeout:           100 * time.Millisecond,
-		MaxRetries:            -1,
-		DialerRetries:         1,
-		ContextTimeoutEnabled: true,
-	}
-}
-
-// degradedMini returns a Limiter on a miniredis with policy p and its log.
-func degradedMini(t *testing.T, p Policy) (*miniredis.Miniredis, *Limiter, *logRecorder) {
-	t.Helper()
-	mr := miniredis.RunT(t)
-	rdb := redis.NewClient(limiterOptions(mr.Addr()))
-	t.Cleanup(func() { rdb.Close() })
-	logs := &logRecorder{}
-	return mr, NewLimiter(rdb, WithPolicy(p), WithLogger(slog.New(logs))), logs
-}
-
-// waitForMode polls l until it is in mode m or d has passed.
+// Tests of the outage policies and modes (policy.go): FailOpen, FailClosed
+// and FallbackLocal's modes and logs, counted workers, the breaker and its
+// probe, and fleets through a Redis that is killed or hangs.
+// FallbackLocal's local shares and hand-over are tested in
+// fallback_test.go.
 
 func TestPolicies(t *testing.T) {
 	redistest.Long(t)
@@ -117,6 +94,9 @@ func TestPolicies(t *testing.T) {
 			if n := logs.Count(tc.level, "Redis unavailable"); n != 1 {
 				t.Errorf("%d records at %v of the outage, want 1:\n%s", n, tc.level, logs)
 			}
+			// The breaker closes, then the Limiter logs it: the record
+			// follows the mode.
+			eventually(t, 2*time.Second, "the recovery record", func() bool { return logs.Count(slog.LevelInfo, "available again") > 0 })
 			if n := logs.Count(slog.LevelInfo, "available again"); n != 1 {
 				t.Errorf("%d recovery records, want 1:\n%s", n, logs)
 			}
@@ -147,75 +127,6 @@ func TestOutageLogRecord(t *testing.T) {
 	}
 	if attrs["cause"] == "" {
 		t.Error("the record does not say what failed")
-	}
-}
-
-func TestScriptErrorDoesNotSwitchMode(t *testing.T) {
-	mr, l, logs := degradedMini(t, FailOpen)
-	mr.Set("quota:{k}", "not a number")
-	mr.HSet("quota:{h}", "f", "v")
-	for _, key := range []string{"k", "h"} {
-		if err := l.Wait(context.Background(), key, PerSecond(1)); !errors.Is(err, ErrScript) {
-			t.Errorf("%s: err = %v, want ErrScript", key, err)
-		}
-	}
-	if l.Mode() != ModeShared || logs.Count(slog.LevelError, "") != 0 {
-		t.Errorf("a script error switched the mode to %v:\n%s", l.Mode(), logs)
-	}
-}
-
-func TestCallerCancelIsNotAnOutage(t *testing.T) {
-	mr, l, logs := degradedMini(t, FailOpen)
-	mr.SetTime(time.Now())
-	ctx, cancel := context.WithCancel(context.Background())
-	cancel()
-	if err := l.Wait(ctx, "k", PerSecond(1)); !errors.Is(err, context.Canceled) {
-		t.Errorf("err = %v, want context.Canceled", err)
-	}
-	if l.Mode() != ModeShared || logs.Len() != 0 {
-		t.Errorf("a cancelled caller switched the mode to %v", l.Mode())
-	}
-}
-
-type replyError string
-
-func (e replyError) Error() string { return string(e) }
-func (replyError) RedisError()     {}
-
-func TestClassify(t *testing.T) {
-	_, l, _ := degradedMini(t, FailClosed)
-	ctx := context.Background()
-	for _, tc := range []struct {
-		err  error
-		want error
-	}{
-		{replyError("LOADING Redis is loading the dataset in memory"), ErrUnavailable},
-		{replyError("CLUSTERDOWN The cluster is down"), ErrUnavailable},
-		{replyError("READONLY You can't write against a read only replica."), ErrUnavailable},
-		{replyError("MASTERDOWN Link with MASTER is down"), ErrUnavailable},
-		{replyError("TRYAGAIN Multiple keys request during rehashing of slot"), ErrUnavailable},
-		{replyError("BUSY Redis is busy running a script"), ErrUnavailable},
-		{redis.ErrPoolTimeout, ErrUnavailable},
-		{redis.ErrClosed, ErrUnavailable},
-		{errors.New("dial tcp 127.0.0.1:1: connect: connection refused"), ErrUnavailable},
-		{replyError("ERR user_script:1: Script attempted to access nonexistent global variable"), ErrScript},
-		{replyError("WRONGTYPE Operation against a key holding the wrong kind of value"), ErrScript},
-		{replyError("NOPERM User quota has no permissions to run the 'evalsha' command"), ErrNoPermission},
-	} {
-		if got := l.classify(ctx, tc.err); !errors.Is(got, tc.want) {
-			t.Errorf("classify(%v) = %v, want %v", tc.err, got, tc.want)
-		}
-	}
-	cancelled, cancel := context.WithCancel(ctx)
-	cancel()
-	if got := l.classify(cancelled, context.Canceled); got != context.Canceled {
-		t.Errorf("classify of the caller's cancellation = %v", got)
-	}
-	// The connection's deadline, taken from the context's, can fire a moment
-	// before the context reports it: still the caller's deadline.
-	expiring := pastDeadline{ctx}
-	if got := l.classify(expiring, errors.New("read tcp: i/o timeout")); got != context.DeadlineExceeded {
-		t.Errorf("classify of a timeout at the caller's deadline = %v, want context.DeadlineExceeded", got)
 	}
 }
 
@@ -294,10 +205,252 @@ func TestPolicyConstructionErrors(t *testing.T) {
 	}
 }
 
-var _ http.RoundTripper = (*Transport)(nil)
+// A quiet outage does not outlive Redis: once the probe has stopped for
+// want of requests, the Limiter no longer reports the outage, and the next
+// request asks Redis itself.
+func TestQuietOutageEndsWithRedis(t *testing.T) {
+	redistest.Long(t)
+	srv := redistest.Start(t)
+	logs := &logRecorder{}
+	rdb := redis.NewClient(limiterOptions(srv.Addr()))
+	defer rdb.Close()
+	setProbeIdle(t, 300*time.Millisecond)
+	l := NewLimiter(rdb, WithLogger(slog.New(logs))) // FailClosed
+	ctx := context.Background()
+	lim := PerSecond(10)
+	if err := l.Wait(ctx, "quiet", lim); err != nil {
+		t.Fatal(err)
+	}
 
-// pastDeadline is a context whose deadline has passed but which does not
-// report it yet.
-type pastDeadline struct{ context.Context }
+	srv.Kill()
+	if err := l.Wait(ctx, "quiet", lim); !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("Wait with Redis killed = %v, want ErrUnavailable", err)
+	}
+	if l.Mode() != ModeClosed {
+		t.Fatalf("mode %v with Redis killed, want closed", l.Mode())
+	}
+	// Nobody asks for a while: the probe stops, and the Limiter stops
+	// claiming an outage it no longer checks.
+	waitForMode(t, l, ModeShared, 10*time.Second)
+	// The record of the change follows the change: on a busy machine, a
+	// moment later.
+	stopped := func() int { return logs.Count(slog.LevelWarn, "the next one asks Redis") }
+	eventually(t, 2*time.Second, "the record of the probe stopping", func() bool { return stopped() > 0 })
+	if n := stopped(); n != 1 {
+		t.Errorf("%d records of the probe stopping, want 1:\n%s", n, logs)
+	}
 
-func (pastDeadline) Deadline() (time.Time, bool) { return time.Now().Add(-time.Millisecond), true }
+	srv.Restart()
+	time.Sleep(100 * time.Millisecond)
+	if err := l.Wait(ctx, "quiet", lim); err != nil {
+		t.Fatalf("Wait after Redis came back during the quiet = %v, want a grant", err)
+	}
+
+	// And a request after a quiet outage that is still on finds it.
+	srv.Kill()
+	if err := l.Wait(ctx, "quiet", lim); !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("Wait with Redis killed again = %v, want ErrUnavailable", err)
+	}
+	waitForMode(t, l, ModeShared, 10*time.Second)
+	if err := l.Wait(ctx, "quiet", lim); !errors.Is(err, ErrUnavailable) || l.Mode() != ModeClosed {
+		t.Fatalf("the first request after a quiet outage that goes on: %v in mode %v, want ErrUnavailable in closed", err, l.Mode())
+	}
+}
+
+// TestFaultHung: a Redis that stops answering costs each request at most
+// one read timeout, and once the breaker has tripped, requests go to the
+// policy without asking Redis: the only Redis calls while it hangs are the
+// probe's.
+func TestFaultHung(t *testing.T) {
+	redistest.Long(t)
+	t.Parallel()
+	const readTimeout = time.Second
+	for _, tc := range []struct {
+		name      string
+		hang, end func()
+		addr      string
+	}{
+		{name: "SIGSTOP"},
+		{name: "blackhole"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := redistest.Start(t)
+			addr := srv.Addr()
+			hang, resume := srv.Pause, srv.Resume
+			if tc.name == "blackhole" {
+				proxy := faultproxy.New(t, srv.Addr())
+				addr = proxy.Addr()
+				hang, resume = func() { proxy.Blackhole(true) }, func() { proxy.Blackhole(false) }
+			}
+			prov := newProvider(t)
+			// A bucket that never makes anyone wait: every millisecond a
+			// request takes beyond the provider's is the limiter's.
+			lim := Limit{Rate: 10_000, Burst: 10_000}
+			cmds := newCmdCounter()
+			ws := newWorkersOn(t, 2, lim, FallbackLocal(2), func() redis.Scripter {
+				o := faultOptions(addr)
+				o.ReadTimeout, o.WriteTimeout = readTimeout, readTimeout
+				rdb := redis.NewClient(o)
+				rdb.AddHook(cmds)
+				t.Cleanup(func() { rdb.Close() })
+				return rdb
+			})
+
+			stop := make(chan struct{})
+			done := make(chan []result)
+			go func() { done <- drive(ws, 5, prov.URL, stop) }()
+			time.Sleep(500 * time.Millisecond)
+			hang()
+			hung := time.Now()
+			time.Sleep(2 * readTimeout) // every call in flight has timed out
+			before := cmds.total()
+			time.Sleep(1500 * time.Millisecond)
+			during := cmds.total() - before
+			resume()
+			resumed := time.Now()
+			// Shared again about a second later (a probe, then the resume
+			// instant), later on a loaded machine: the test waits for it.
+			eventually(t, 10*time.Second, "both workers shared again", func() bool {
+				for _, w := range ws {
+					if _, ok := w.logs.First("available again"); !ok {
+						return false
+					}
+				}
+				return true
+			})
+			time.Sleep(500 * time.Millisecond)
+			close(stop)
+			res := <-done
+
+			var worst time.Duration
+			var degraded []time.Duration
+			for _, r := range res {
+				if r.err != nil {
+					t.Errorf("a request failed: %v", r.err)
+					break
+				}
+				worst = max(worst, r.took)
+				if r.start.After(hung.Add(2*readTimeout)) && r.start.Before(resumed) {
+					degraded = append(degraded, r.took)
+				}
+			}
+			slices.Sort(degraded)
+			n := len(degraded)
+			if n == 0 {
+				t.Fatal("no request while degraded")
+			}
+			median, p99 := degraded[n/2], degraded[n*99/100]
+			for i, w := range ws {
+				t.Logf("worker %d: outage detected %v after the hang, shared again %v after Redis answered",
+					i, logTime(t, w.logs, "Redis unavailable").Sub(hung), logTime(t, w.logs, "available again").Sub(resumed))
+			}
+			t.Logf("slowest request %v (Redis read timeout %v); %d requests while degraded, median %v, p99 %v, the slowest %v, with %d Redis calls (the probes')",
+				worst, readTimeout, n, median, p99, degraded[n-1], during)
+			// A request pays at most one read timeout: two would take twice.
+			if worst >= 2*readTimeout {
+				t.Errorf("a request took %v, want less than two read timeouts (%v)", worst, 2*readTimeout)
+			}
+			// Latency while degraded is the machine's: a request that paid a
+			// Redis timeout would take the whole of it, and they all would
+			// (the tail is the loaded machine's: a busy CI run's p99 was
+			// 590 ms).
+			if median >= readTimeout/2 {
+				t.Errorf("median %v while degraded, want no Redis timeout paid", median)
+			}
+			// Each worker's probe backs off to 500 ms: a handful of calls
+			// in 1.5 s, against the requests served meanwhile, thousands
+			// on a quiet machine and 82 in a CI run whose test process a
+			// flood of goroutines beside this test slowed.
+			if n < 40 || during > 10 || during*4 > n {
+				t.Errorf("%d requests while degraded made %d Redis calls, want only the probes' (at most 10)", n, during)
+			}
+			checkTransitions(t, ws, slog.LevelWarn)
+		})
+	}
+}
+
+func TestFaultFailClosed(t *testing.T) {
+	srv := redistest.Start(t)
+	prov := newProvider(t)
+	ws := newWorkers(t, 1, srv.Addr(), Limit{Rate: 10_000, Burst: 10_000}, FailClosed, nil)
+	client := &http.Client{Transport: ws[0].tr}
+	post := func() (time.Duration, *bodyRecorder, error) {
+		body := &bodyRecorder{Reader: strings.NewReader("x")}
+		req, _ := http.NewRequest("POST", prov.URL, body)
+		start := time.Now()
+		resp, err := client.Do(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		return time.Since(start), body, err
+	}
+	if _, _, err := post(); err != nil {
+		t.Fatal(err)
+	}
+	cmds := newCmdCounter()
+	ws[0].tr.Limiter().store.Client().(*redis.Client).AddHook(cmds)
+	srv.Kill()
+	down := time.Now()
+	var slowest time.Duration
+	for i := range 200 {
+		took, body, err := post()
+		if !errors.Is(err, ErrUnavailable) {
+			t.Fatalf("request %d during the outage: err = %v, want ErrUnavailable", i, err)
+		}
+		if !body.closed.Load() {
+			t.Fatalf("request %d: body not closed", i)
+		}
+		if i > 0 {
+			slowest = max(slowest, took)
+		}
+	}
+	if n := len(prov.between(down, time.Now())); n != 0 {
+		t.Errorf("%d requests reached the provider while failing closed", n)
+	}
+	// The first refusal found the outage; the other 199 ask no Redis at
+	// all (the probe's calls aside), so no timing of a busy machine can
+	// make them slow.
+	calls := cmds.total()
+	t.Logf("slowest refusal after the first: %v; %d Redis calls for 200 refusals", slowest, calls)
+	if calls > 5 {
+		t.Errorf("200 refusals made %d Redis calls, want the first and the probe's", calls)
+	}
+	if slowest > 100*time.Millisecond {
+		t.Errorf("a refusal took %v, want it fast", slowest)
+	}
+	srv.Restart()
+	waitForMode(t, ws[0].tr.Limiter(), ModeShared, 3*time.Second)
+	if _, _, err := post(); err != nil {
+		t.Fatal(err)
+	}
+	checkTransitions(t, ws, slog.LevelError)
+}
+
+func TestFaultFailOpen(t *testing.T) {
+	srv := redistest.Start(t)
+	prov := newProvider(t)
+	ws := newWorkers(t, 1, srv.Addr(), Limit{Rate: 1, Burst: 1}, FailOpen, nil)
+	client := &http.Client{Transport: ws[0].tr}
+	srv.Kill()
+	for i := range 20 {
+		resp, err := client.Get(prov.URL)
+		if err != nil {
+			t.Fatalf("request %d while failing open: %v", i, err)
+		}
+		resp.Body.Close()
+	}
+	if n := len(prov.between(time.Time{}, time.Now())); n != 20 {
+		t.Errorf("%d requests reached the provider, want all 20", n)
+	}
+	if n := ws[0].logs.Count(slog.LevelError, "UNLIMITED"); n != 1 {
+		t.Errorf("%d records that requests pass unlimited, want 1:\n%s", n, ws[0].logs)
+	}
+}
+
+// setProbeIdle makes the Limiters made until the test ends stop their
+// breaker's probe after d without a request.
+func setProbeIdle(t *testing.T, d time.Duration) {
+	old := probeIdle
+	probeIdle = d
+	t.Cleanup(func() { probeIdle = old })
+}

@@ -4,13 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-
-	"github.com/sharedquota/quota/internal/store"
 )
-
-// MaxPriority is the highest priority: priorities run from 0, the
-// default, to MaxPriority.
-const MaxPriority = store.MaxClass
 
 // WithPriority sets each request's priority, 0 (the default) to
 // MaxPriority: on a bucket that has a queue, a request of a higher
@@ -33,7 +27,7 @@ func WithPriority(f func(*http.Request) int) TransportOption {
 	if f == nil {
 		panic("quota: WithPriority(nil)")
 	}
-	return transportOpt(func(c *config) { c.priority = f })
+	return transportOpt(func(c *transportConfig) { c.priority = f })
 }
 
 // WithMinShare gives priority p a minimum share of the rate, between 0

@@ -20,7 +20,8 @@ import (
 // they compile and do what the docs say. The convention:
 //
 //   - A ```go block of README.md or of a page docs/*.md is the code of one
-//     Example function in the package's example*_test.go files: the lines
+//     Example function in the example*_test.go files of the package or of
+//     a package beside it (exampleDirs): the lines
 //     between a "// README:" comment and the next "// end README" comment
 //     in the Example's body, and when the Example has several such regions,
 //     their lines one after the other. The lines outside the regions set up
@@ -39,6 +40,10 @@ const (
 	regionEnd   = "// end README"
 )
 
+// exampleDirs are the directories of the packages whose Examples the docs
+// show: the root's and package llm's.
+var exampleDirs = []string{".", "llm"}
+
 // shown is the code an Example shows in the docs.
 type shown struct {
 	name   string   // the Example's function name
@@ -48,6 +53,7 @@ type shown struct {
 }
 
 func TestREADMEGoBlocksAreExamples(t *testing.T) {
+	t.Parallel()
 	examples := readExamples(t)
 	docs := append([]string{"README.md"}, glob(t, "docs/*.md")...)
 	used := map[string]bool{}
@@ -70,7 +76,7 @@ func TestREADMEGoBlocksAreExamples(t *testing.T) {
 				continue
 			}
 			e := examples[i]
-			used[e.name] = true
+			used[e.pos] = true
 			if !e.output {
 				t.Errorf("%s:%d: the block is %s (%s), which has no output comment, so go test does not run it", file, b.line, e.name, e.pos)
 			}
@@ -80,20 +86,31 @@ func TestREADMEGoBlocksAreExamples(t *testing.T) {
 		t.Fatal("no Go block in README.md or docs/*.md: the test reads the wrong files")
 	}
 	for _, e := range examples {
-		if !used[e.name] {
+		if !used[e.pos] {
 			t.Errorf("%s: %s marks code for the docs, but no block of README.md or docs/*.md shows it", e.pos, e.name)
 		}
 	}
 }
 
-// readExamples returns the Examples of the package's example files that
-// mark code for the docs.
+// readExamples returns the Examples of the example files of exampleDirs
+// that mark code for the docs.
 func readExamples(t *testing.T) []shown {
+	t.Helper()
+	var out []shown
+	for _, dir := range exampleDirs {
+		out = append(out, readDirExamples(t, dir)...)
+	}
+	return out
+}
+
+// readDirExamples returns the Examples of dir's example files that mark
+// code for the docs.
+func readDirExamples(t *testing.T, dir string) []shown {
 	t.Helper()
 	fset := token.NewFileSet()
 	var files []*ast.File
 	var out []shown
-	for _, path := range glob(t, "example*_test.go") {
+	for _, path := range glob(t, filepath.Join(dir, "example*_test.go")) {
 		src, err := os.ReadFile(path)
 		if err != nil {
 			t.Fatal(err)

@@ -6,16 +6,16 @@ import (
 )
 
 // Permanent reports whether err, returned by a Transport or a Limiter, is a
-// refusal that trying again at once will not change: invalid input, a
-// script error, a Redis user without permission, a refusal while Redis is
-// unavailable under FailClosed, or a wait that would pass the request's
-// deadline. Waiting for a token is already the Transport's job, so a retry
-// loop should stop on these. ErrWouldWait is not permanent: the caller
-// chose not to wait (WithNoWait), and the tokens a retry needs accrue
-// during its backoff.
+// refusal that trying again will not change: invalid input, a script
+// error, a Redis user without permission, or a wait that would pass the
+// request's deadline. Waiting for a token is already the Transport's job,
+// so a retry loop should stop on these. ErrWouldWait is not permanent:
+// the caller chose not to wait (WithNoWait), and the tokens a retry needs
+// accrue during its backoff. Nor is ErrUnavailable, a refusal while Redis
+// is unavailable under FailClosed: an outage of a second is what a retry's
+// backoff rides out.
 func Permanent(err error) bool {
-	i, ok := sentinelOf(err)
-	return ok && sentinels[i].permanent
+	return sentinels.Permanent(err)
 }
 
 // CheckRetry wraps a retry policy of github.com/hashicorp/go-retryablehttp

@@ -3,8 +3,11 @@ package quota
 import (
 	"context"
 	"errors"
+	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -14,7 +17,13 @@ import (
 	"github.com/hashicorp/go-retryablehttp"
 	"github.com/redis/go-redis/v9"
 	"github.com/sharedquota/quota/internal/redistest"
+	"github.com/sharedquota/quota/internal/slots"
 )
+
+// Tests of retries (retry.go): Permanent and CheckRetry under
+// retryablehttp, whose every attempt takes its own token and its own slot;
+// a refusal WithNoWait or in a Redis blip is retried, and a Retry-After is
+// waited once.
 
 // attemptCounter wraps a RoundTripper and records when each attempt
 // reached it.
@@ -146,9 +155,7 @@ func retryAfter429(t *testing.T, lim Limit) retried {
 }
 
 func TestRetryStopsOnRefusals(t *testing.T) {
-	mr := miniredis.RunT(t)
-	addr := mr.Addr()
-	rdb := redis.NewClient(limiterOptions(addr))
+	rdb := redis.NewClient(limiterOptions(miniredis.RunT(t).Addr()))
 	defer rdb.Close()
 	prov := statusSequence(t)
 	failKey := func(*http.Request) (string, error) { return "", errors.New("no tenant") }
@@ -158,11 +165,6 @@ func TestRetryStopsOnRefusals(t *testing.T) {
 		want error
 	}{
 		{"invalid key", func() http.RoundTripper { return NewTransport(rdb, PerSecond(1), WithKey(failKey)) }, ErrInvalidKey},
-		{"fail closed", func() http.RoundTripper {
-			tr := NewTransport(rdb, PerSecond(1), WithLogger(discardLogger()))
-			mr.Close()
-			return tr
-		}, ErrUnavailable},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			attempts := &attemptCounter{next: tc.tr()}
@@ -198,4 +200,123 @@ func TestCheckRetryLeavesTheRestToNext(t *testing.T) {
 		t.Error("a wait past the deadline was retried")
 	}
 	mustPanic(t, "CheckRetry(nil)", func() { CheckRetry(nil) })
+}
+
+// A refusal while Redis is unavailable under FailClosed is no permanent
+// one: a blip is what retries are for. Through one of a second, the
+// retrying client backs off and its request goes once Redis is back, sent
+// once; without CheckRetry's knowing it, the same holds.
+func TestRetryRidesOutARedisBlip(t *testing.T) {
+	redistest.Long(t)
+	t.Parallel()
+	srv := redistest.Start(t)
+	rdb := srv.Client(t, func(o *redis.Options) { *o = *limiterOptions(srv.Addr()) })
+	prov := statusSequence(t)
+	sent := &attemptCounter{next: http.DefaultTransport}
+	attempts := &attemptCounter{next: NewTransport(rdb, PerSecond(10), WithBase(sent), WithLogger(discardLogger()))}
+	client := retryingClient(attempts)
+	client.RetryWaitMin, client.RetryWaitMax, client.RetryMax = 100*time.Millisecond, 500*time.Millisecond, 20
+	srv.Kill()
+	time.AfterFunc(time.Second, srv.Restart)
+	resp, err := client.Get(prov.URL)
+	if err != nil {
+		t.Fatalf("through a blip of 1 s: %v after %d attempts", err, attempts.count())
+	}
+	resp.Body.Close()
+	if attempts.count() < 2 || sent.count() != 1 {
+		t.Errorf("%d attempts, %d sent: want the refusals retried and one request sent", attempts.count(), sent.count())
+	}
+	if Permanent(fmt.Errorf("wrapped: %w", ErrUnavailable)) {
+		t.Error("ErrUnavailable is permanent")
+	}
+}
+
+// A refusal WithNoWait is retried by retryablehttp after its backoff, by
+// which time the token has accrued.
+func TestNoWaitRetriedByRetryablehttp(t *testing.T) {
+	redistest.Long(t)
+	t.Parallel()
+	_, rdb := limiterServer(t)
+	prov, reached := countingServer(t)
+	tried := &attemptCounter{next: NewTransport(rdb, Limit{Rate: 5, Burst: 1}, WithNoWait())}
+	client := retryingClient(tried)
+	client.RetryWaitMin, client.RetryWaitMax, client.RetryMax = 50*time.Millisecond, time.Second, 6 // 3s of backoff in all
+
+	for i := range 2 {
+		resp, err := client.Get(prov.URL)
+		if err != nil {
+			t.Fatalf("request %d: %v", i, err)
+		}
+		resp.Body.Close()
+	}
+	t.Logf("2 requests: %d attempts, %d reached the provider", tried.count(), reached.Load())
+	if reached.Load() != 2 || tried.count() < 3 {
+		t.Errorf("%d attempts, %d reached the provider; want the second request refused at first, then retried and sent", tried.count(), reached.Load())
+	}
+	retry, err := CheckRetry(retryablehttp.DefaultRetryPolicy)(context.Background(), nil, ErrWouldWait)
+	if !retry || err != nil {
+		t.Errorf("CheckRetry(ErrWouldWait) = %v, %v; want a retry", retry, err)
+	}
+}
+
+// retryablehttp sleeps the Retry-After itself, and the bucket's pause ends
+// at the same instant: the retry waits once, not twice.
+func TestRetryAfterIsNotDoubledByRetryablehttp(t *testing.T) {
+	redistest.Long(t)
+	t.Parallel()
+	r := retryAfter429(t, PerSecond(100))
+	t.Logf("the retry came %v after the 429 with Retry-After: 1; its take waited %v", r.gap, r.retry.Wait)
+	// The retry's take comes when retryablehttp has slept the Retry-After
+	// since the response; the pause, begun as the response came, ends
+	// then too, give or take the background update's start. Waiting
+	// twice would make the take wait about 1s more.
+	if r.gap < 950*time.Millisecond || r.retry.Wait > 500*time.Millisecond {
+		t.Errorf("the retry came %v after the 429 and its take waited %v: want about 1s, and no second wait", r.gap, r.retry.Wait)
+	}
+	var _ retryablehttp.CheckRetry = CheckRetry(retryablehttp.DefaultRetryPolicy)
+}
+
+// TestRetryEachAttemptHoldsOneSlot: under retryablehttp, each attempt takes
+// a slot and its failed response gives it back before the next: with one
+// slot, three attempts go one after another.
+func TestRetryEachAttemptHoldsOneSlot(t *testing.T) {
+	rdb := newServerClient(t)
+	var attempts, inFlightNow, peak atomic.Int64
+	var name string // the Transport's bucket
+	provider := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n := inFlightNow.Add(1)
+		defer inFlightNow.Add(-1)
+		peak.Store(max(peak.Load(), n))
+		held, _ := slotsHeld(t, rdb, name)
+		key, _ := bucketKey(DefaultPrefix, name)
+		z, _ := rdb.ZRangeWithScores(context.Background(), key+slots.HeldSuffix, 0, -1).Result()
+		t.Logf("DEBUG %v now %d", z, time.Now().UnixMicro())
+		if held != 1 {
+			t.Errorf("attempt %d: %d slots held in Redis, want 1", attempts.Load()+1, held)
+		}
+		if attempts.Add(1) < 3 {
+			w.WriteHeader(http.StatusInternalServerError)
+			io.WriteString(w, "try again")
+			return
+		}
+		io.WriteString(w, "ok")
+	}))
+	defer provider.Close()
+	name = strings.TrimPrefix(provider.URL, "http://")
+	client := retryingClient(NewTransport(rdb, fastLimit, WithConcurrency(1)))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	req, _ := retryablehttp.NewRequestWithContext(ctx, "GET", provider.URL, nil)
+	resp, err := client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if attempts.Load() != 3 || peak.Load() != 1 {
+		t.Errorf("%d attempts, %d at once; want 3, one at a time", attempts.Load(), peak.Load())
+	}
+	eventually(t, 5*time.Second, "the last slot released", func() bool {
+		h, _ := slotsHeld(t, rdb, name)
+		return h == 0
+	})
 }

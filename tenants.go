@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"math"
 	"net/http"
-	"sync"
-	"time"
 
 	"github.com/sharedquota/quota/internal/store"
 )
@@ -26,10 +24,6 @@ type Tenants struct {
 	// place, with the Default weight. 0 means DefaultMaxTenants.
 	Max int
 }
-
-// DefaultMaxTenants is how many tenants not listed in Tenants.Weights a
-// bucket keeps apart by default.
-const DefaultMaxTenants = 64
 
 // WithTenants shares each bucket's rate between the tenants its requests
 // are for, named by WithTenant or ContextWithTenant, by weight: while the
@@ -79,7 +73,7 @@ func WithTenant(f func(*http.Request) string) TransportOption {
 	if f == nil {
 		panic("quota: WithTenant(nil)")
 	}
-	return transportOpt(func(c *config) { c.tenant = f })
+	return transportOpt(func(c *transportConfig) { c.tenant = f })
 }
 
 type tenantKey struct{}
@@ -123,108 +117,9 @@ func (l *Limiter) weigh(ctx context.Context, o *ask) {
 // charge o's tenant what its take cost more, or give back what it cost
 // less, so that the tenants share what they used, not what they reserved.
 func (l *Limiter) charge(ctx context.Context, b bucket, o ask, used store.Cost, c *store.Cost) {
-	if l.weigh(ctx, &o); o.weight <= 0 || l.noCharge {
+	if l.weigh(ctx, &o); o.weight <= 0 || l.off(charges) {
 		return
 	}
 	c.Tenant, c.Weight, c.TenantCap = o.tenant, o.weight, o.tenantCap
-	c.Charge = float64((b.costTime(used) - b.costTime(o.cost())).Microseconds())
-}
-
-// lines are the Limiter's callers that wait for their tenants' turns, in
-// line by bucket and tenant: only the first of each line asks Redis, so
-// that a tenant's requests held in one process cost one call at a time.
-type lines struct {
-	mu sync.Mutex
-	m  map[lineKey]*line
-}
-
-type lineKey struct{ bucket, tenant string }
-
-type line struct {
-	turn  chan struct{} // holds a value while a caller is first
-	wake  chan struct{} // a give-back on the bucket: the first, held, asks again at once
-	users int           // callers in line or first, under lines.mu
-	next  time.Time     // when the first may ask: the bucket's queue has room for it, as far as the last grant told
-}
-
-// A turn is a caller's place at the head of its line.
-type turn struct {
-	ls   *lines
-	key  lineKey
-	ln   *line
-	once sync.Once
-}
-
-// join waits until the caller is first in the line of key, and returns
-// its turn; it fails with ctx's error.
-func (ls *lines) join(ctx context.Context, key lineKey) (*turn, error) {
-	ls.mu.Lock()
-	if ls.m == nil {
-		ls.m = make(map[lineKey]*line)
-	}
-	ln := ls.m[key]
-	if ln == nil {
-		ln = &line{turn: make(chan struct{}, 1), wake: make(chan struct{}, 1)}
-		ls.m[key] = ln
-	}
-	ln.users++
-	ls.mu.Unlock()
-	t := &turn{ls: ls, key: key, ln: ln}
-	select {
-	case ln.turn <- struct{}{}: // waiting senders are served in order
-		return t, nil
-	case <-ctx.Done():
-		t.gone()
-		return nil, ctx.Err()
-	}
-}
-
-// due returns when the caller first in line may ask.
-func (t *turn) due() time.Time {
-	t.ls.mu.Lock()
-	defer t.ls.mu.Unlock()
-	return t.ln.next
-}
-
-// leave lets the next caller in line be first, and ask from next on.
-func (t *turn) leave(next time.Time) {
-	t.once.Do(func() {
-		t.ls.mu.Lock()
-		t.ln.next = next
-		t.ls.mu.Unlock()
-		<-t.ln.turn
-		t.gone()
-	})
-}
-
-// gaveBack wakes the first caller of each line of the bucket under key,
-// held while it may not be its tenant's turn any longer: a settle gave
-// tokens back, and its tenant's share with them (see charge).
-func (ls *lines) gaveBack(key string) {
-	ls.mu.Lock()
-	defer ls.mu.Unlock()
-	for k, ln := range ls.m {
-		if k.bucket == key {
-			select {
-			case ln.wake <- struct{}{}:
-			default:
-			}
-		}
-	}
-}
-
-// gone counts the caller out of its line.
-func (t *turn) gone() {
-	t.ls.mu.Lock()
-	defer t.ls.mu.Unlock()
-	if t.ln.users--; t.ln.users == 0 {
-		delete(t.ls.m, t.key)
-	}
-}
-
-// roomAfter returns when a bucket's queue, which a grant with a wait of
-// wait just joined, has room for the next take of cost, which costs its
-// slowest layer d (see store.FairQueue).
-func roomAfter(wait, d time.Duration) time.Time {
-	return time.Now().Add(wait + d - store.FairQueue)
+	c.Charge = float64((b.CostTime(used) - b.CostTime(o.cost())).Microseconds())
 }

@@ -11,11 +11,16 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+	"github.com/sharedquota/quota/internal/obs"
+	"github.com/sharedquota/quota/internal/redistest"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
-
-	"github.com/sharedquota/quota/internal/redistest"
 )
+
+// Tests of tenants (tenants.go): WithTenants shares a bucket's rate between
+// its tenants by weight and by what they use, with the other features too,
+// and a held take is not passed.
 
 // tenantRun is what two tenants' processes did on one bucket (see
 // runTenants).
@@ -94,8 +99,10 @@ func TestTenantsShareTheRate(t *testing.T) {
 	if math.Abs(run.share-0.75) > 0.05 {
 		t.Errorf("the heavy tenant had %.3f of the grants, want 0.75 ± 0.05", run.share)
 	}
-	if b := bound(lim, time.Second); run.busiest > b {
-		t.Errorf("%d grants in the busiest second, want at most %d (Burst + Rate)", run.busiest, b)
+	// Counted as the callers woke: 2 more for wake-ups that a loaded
+	// machine delays into the next second.
+	if b := bound(lim, time.Second); run.busiest > b+2 {
+		t.Errorf("%d grants in the busiest second, want at most %d (Burst + Rate, and 2 for late wake-ups)", run.busiest, b+2)
 	}
 	if want := 0.9 * lim.Rate * run.window.Seconds(); float64(run.both) < want {
 		t.Errorf("%d grants in %v, want at least %.0f: the tenants use the whole rate", run.both, run.window, want)
@@ -252,15 +259,15 @@ func TestTenantsMeet(t *testing.T) {
 		}
 		var onSpans []string
 		for _, s := range tel.waitSpans() {
-			onSpans = append(onSpans, attrs(s)[attrTenant].AsString())
+			onSpans = append(onSpans, attrs(s)[obs.AttrTenant].AsString())
 		}
 		if !slices.Equal(onSpans, []string{"listed", "unlisted"}) {
 			t.Errorf("the wait spans name the tenants %v, want [listed unlisted]", onSpans)
 		}
 		var rm metricdata.ResourceMetrics
 		tel.reader.Collect(ctx, &rm)
-		listed := sumOf(rm, "quota.acquisitions", []attribute.KeyValue{attrTenant.String("listed")})
-		other := sumOf(rm, "quota.acquisitions", []attribute.KeyValue{attrTenant.String("other")})
+		listed := sumOf(rm, "quota.acquisitions", []attribute.KeyValue{obs.AttrTenant.String("listed")})
+		other := sumOf(rm, "quota.acquisitions", []attribute.KeyValue{obs.AttrTenant.String("other")})
 		if listed != 1 || other != 1 {
 			t.Errorf("quota.acquisitions by tenant: listed %d, other %d; want 1 and 1", listed, other)
 		}
@@ -317,7 +324,9 @@ func runSettledTenants(t *testing.T, charge bool) float64 {
 	t.Helper()
 	_, rdb := limiterServer(t)
 	l := NewLimiter(rdb, WithTenants(Tenants{}))
-	l.noCharge = !charge
+	if !charge {
+		turnOff(l, charges)
+	}
 	meters := []Meter{{Name: "tokens", Limit: Limit{Rate: 100, Burst: 10}}}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()
@@ -363,5 +372,67 @@ func TestTenantsShareWhatTheyUseCatchesReservations(t *testing.T) {
 	t.Parallel()
 	if share := runSettledTenants(t, false); share > 0.3 {
 		t.Errorf("with the shares as reserved, b had %.3f of the tokens used, want about 1/6", share)
+	}
+}
+
+// A take of a tenant that is held is not passed again and again by the
+// same tenant's takes from other Limiters: four Limiters of tenant a
+// (three whose 5 callers each take 1 token, one whose single caller takes
+// 2) and one of tenant b share a 40/s bucket, every caller backlogged for
+// 4 s. The 2-token caller, once held, is the oldest take of a and is
+// admitted as soon as a has its turn and room: it is answered within
+// 500 ms each time (before the oldest held take went first, 800 to
+// 950 ms, served 7 to 10 times; now about 300 ms, 16 times).
+func TestHeldTakeIsNotPassed(t *testing.T) {
+	redistest.Long(t)
+	t.Parallel()
+	srv := redistest.Start(t)
+	lim := Limit{Rate: 40, Burst: 2}
+	limiter := func() *Limiter {
+		rdb := srv.Client(t, func(o *redis.Options) { *o = *limiterOptions(srv.Addr()) })
+		return NewLimiter(rdb, WithTenants(Tenants{}))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Second)
+	defer cancel()
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	served := map[string]int{}
+	loop := func(l *Limiter, tenant string, n float64, each func(time.Time)) {
+		wg.Go(func() {
+			tctx := ContextWithTenant(ctx, tenant)
+			for ctx.Err() == nil {
+				if err := l.WaitN(tctx, "held", n, lim); err != nil {
+					if ctx.Err() == nil && !errors.Is(err, ErrWouldExceedDeadline) && !errors.Is(err, context.DeadlineExceeded) {
+						t.Errorf("tenant %s, %v tokens: %v", tenant, n, err)
+					}
+					return
+				}
+				mu.Lock()
+				served[tenant]++
+				mu.Unlock()
+				if each != nil {
+					each(time.Now())
+				}
+			}
+		})
+	}
+	start := time.Now()
+	var stamps []time.Time
+	for _, tenant := range []string{"a", "a", "a", "b"} {
+		l := limiter()
+		for range 5 {
+			loop(l, tenant, 1, nil)
+		}
+	}
+	loop(limiter(), "a", 2, func(at time.Time) { stamps = append(stamps, at) })
+	wg.Wait()
+	end := time.Now()
+	longest, last := time.Duration(0), start
+	for _, s := range append(stamps, end) {
+		longest, last = max(longest, s.Sub(last)), s
+	}
+	t.Logf("the 2-token caller was served %d times, at most %v apart; tenant a %d times, b %d", len(stamps), longest.Round(time.Millisecond), served["a"], served["b"])
+	if longest > 500*time.Millisecond {
+		t.Errorf("the 2-token caller of tenant a went %v unanswered, want at most 500ms", longest.Round(time.Millisecond))
 	}
 }

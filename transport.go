@@ -2,23 +2,25 @@ package quota
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"net/http"
 	"net/http/httptrace"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/sharedquota/quota/internal/obs"
+	"github.com/sharedquota/quota/internal/pool"
+	"github.com/sharedquota/quota/internal/ratelimit"
 	"github.com/sharedquota/quota/internal/request"
-	"github.com/sharedquota/quota/internal/store"
-	"go.opentelemetry.io/otel/metric"
-	"go.opentelemetry.io/otel/trace"
+	"github.com/sharedquota/quota/internal/updates"
+	"github.com/sharedquota/quota/internal/usage"
 )
 
 // Transport is an http.RoundTripper that waits for a token from the
@@ -27,14 +29,14 @@ import (
 // takes its own token.
 //
 // What the provider answers flows back into the bucket: a 429 or 503 with
-// Retry-After pauses the bucket for the whole fleet (see WithMaxPause), and
-// on request its rate-limit headers lower it (WithProviderHeaders) and its
-// real costs settle it (WithSettle).
+// Retry-After, or a Google API's RetryInfo, pauses the bucket for the whole
+// fleet (see WithMaxPause), and on request its rate-limit headers lower it
+// (WithProviderHeaders) and its real costs settle it (WithSettle).
 //
 // A Transport is safe for concurrent use and never modifies the request.
 type Transport struct {
 	limiter *Limiter
-	cfg     config
+	cfg     transportConfig
 	limit   Limit
 	times   request.Times // of the responses whose requests held a slot
 	warned  sync.Map      // "<bucket>\x00<meter>": a RateLimit-Policy below the Meter's Limit was logged
@@ -46,31 +48,36 @@ var _ http.RoundTripper = (*Transport)(nil)
 // buckets in rdb, each refilled at lim unless WithLimits names it, with a
 // Limiter of its own, or WithLimiter's. By default it delegates to
 // http.DefaultTransport and names the bucket after the request's host. It
-// panics if rdb is nil without WithLimiter.
+// panics if lim is invalid (see Limit.Validate), or rdb is nil without
+// WithLimiter.
 func NewTransport(rdb redis.Scripter, lim Limit, opts ...TransportOption) *Transport {
+	lim.mustValidate("NewTransport")
 	cfg := newConfig(opts)
-	if cfg.metering != nil && (len(cfg.layers) > 0 || cfg.settle != nil) {
+	if cfg.tr.metering != nil && (len(cfg.tr.layers) > 0 || cfg.tr.settle != nil) {
 		panic("quota: NewTransport with WithMetering and WithLayers or WithSettle: give further limits as Meters, and settle through the Metering's Usage")
 	}
-	l := cfg.limiter
-	if l == nil {
+	l := cfg.tr.limiter
+	switch {
+	case l == nil:
 		l = newLimiter(rdb, cfg)
-		return &Transport{limiter: l, cfg: l.cfg, limit: lim}
-	}
-	if cfg.limiterOpts > 0 {
+	case cfg.limiterOpts > 0:
 		panic("quota: NewTransport with WithLimiter and an Option of the Limiter's own (WithPrefix, WithPolicy, ...), which would have no effect: give it to NewLimiter")
 	}
-	// The Limiter's options are its own; the Transport's come from opts.
-	shared := l.cfg
-	shared.limiter, shared.base, shared.key, shared.limits, shared.layers = l, cfg.base, cfg.key, cfg.limits, cfg.layers
-	shared.cost, shared.settle, shared.maxPause, shared.noWait = cfg.cost, cfg.settle, cfg.maxPause, cfg.noWait
-	shared.providerHeaders, shared.concurrency, shared.slotLinger = cfg.providerHeaders, cfg.concurrency, cfg.slotLinger
-	shared.metering, shared.priority, shared.tenant = cfg.metering, cfg.priority, cfg.tenant
-	return &Transport{limiter: l, cfg: shared, limit: lim}
+	if p := cfg.tr.pool; p != nil {
+		if cfg.tr.concurrency > 0 || cfg.tr.tenant != nil || l.cfg.tenants != nil {
+			panic("quota: NewTransport with WithPool and WithConcurrency, WithTenant or a Limiter WithTenants, which a pool does not serve")
+		}
+		if m := cfg.tr.metering; m != nil {
+			p.Fit(1 + len(m.Meters))
+		} else {
+			p.Fit(1 + len(cfg.tr.layers))
+		}
+	}
+	return &Transport{limiter: l, cfg: cfg.tr, limit: lim}
 }
 
 // RoundTrip waits for a token, then sends req with the base RoundTripper.
-// When no token can be had (an invalid Limit, cost or key, the request's
+// When no token can be had (an invalid cost or key, the request's
 // context ending, Redis unavailable under FailClosed, none available now
 // WithNoWait) it closes the request body and returns the Limiter's error
 // without sending anything. WithDryRun, it sends every request at once
@@ -79,7 +86,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	name, err := t.cfg.key(req)
 	if err != nil {
 		err = fmt.Errorf("%w: %w", ErrInvalidKey, err)
-		if t.cfg.dryRun {
+		if t.limiter.cfg.dryRun {
 			t.limiter.recordFailure(req.Context(), err)
 			return t.cfg.base.RoundTrip(req)
 		}
@@ -105,15 +112,26 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if t.cfg.tenant != nil {
 		o.tenant, o.tenantSet = t.cfg.tenant(req), true
 	}
+	if t.cfg.pool != nil {
+		o.pool = &pool.Take{Pool: t.cfg.pool}
+	}
 	slot, err := t.limiter.acquire(req.Context(), name, o)
 	if err != nil {
 		closeBody(sent)
 		return nil, err
 	}
+	if p := o.pool; p != nil { // sent to the deployment chosen, as its bucket
+		name, sent = p.Send(name, sent)
+		for i, lim := range p.Lims[p.Chosen] {
+			o.lims[i] = Limit(lim)
+		}
+		req = sent
+	}
 	if slot == nil && t.cfg.metering == nil {
+		start := time.Now()
 		resp, err := t.cfg.base.RoundTrip(req)
 		if err == nil {
-			t.learn(req.Context(), name, o, resp, nil)
+			t.learn(req.Context(), name, o, resp, nil, start)
 		}
 		return resp, err
 	}
@@ -166,10 +184,10 @@ func (t *Transport) send(req *http.Request, name string, o ask, slot *Slot) (*ht
 		}
 		return nil, err
 	}
-	var usage *watchedUsage
+	var ur *usage.Locked[Usage]
 	if res != nil && t.cfg.metering.Usage != nil {
-		if ur := t.cfg.metering.Usage(resp); ur != nil {
-			usage = &watchedUsage{r: ur}
+		if r := t.cfg.metering.Usage(resp); r != nil {
+			ur = &usage.Locked[Usage]{R: r}
 		}
 	}
 	var lows []float64
@@ -179,25 +197,25 @@ func (t *Transport) send(req *http.Request, name string, o ask, slot *Slot) (*ht
 			lows = t.lows(o, resp.Header, time.Now())
 		}
 	}
-	if usage != nil {
+	if ur != nil {
 		res.lows, res.lowsAt, lows = lows, time.Now(), nil // they ride on the settle
 	}
-	t.learn(ctx, name, o, resp, lows)
-	if slot == nil && usage == nil {
+	t.learn(ctx, name, o, resp, lows, start)
+	if slot == nil && ur == nil {
 		return resp, nil
 	}
 	var seen io.Writer
-	if usage != nil {
-		seen = usage
+	if ur != nil {
+		seen = ur
 	}
 	request.Watch(resp, seen, func(end request.End) {
-		if usage != nil {
+		if ur != nil {
 			// Settled only with the usage the response told: a body that
 			// ended before it keeps the whole reservation.
-			if u, ok := usage.Usage(); ok {
+			if u, ok := ur.Usage(); ok {
 				res.Settle(u)
 			} else {
-				t.limiter.updates.unknown.Add(ctx, 1)
+				t.limiter.obs.Unknown(ctx)
 				res.lower()
 			}
 		}
@@ -217,25 +235,6 @@ func (t *Transport) send(req *http.Request, name string, o ask, slot *Slot) (*ht
 	return resp, nil
 }
 
-// watchedUsage serialises a UsageReader's calls: a body may be closed
-// while another goroutine reads it.
-type watchedUsage struct {
-	mu sync.Mutex
-	r  UsageReader
-}
-
-func (w *watchedUsage) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.r.Write(p)
-}
-
-func (w *watchedUsage) Usage() (Usage, bool) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.r.Usage()
-}
-
 // linger returns how long a slot of the bucket called name stays held
 // after its request ended while the provider may still work on it.
 func (t *Transport) linger(name string) time.Duration {
@@ -248,12 +247,12 @@ func (t *Transport) linger(name string) time.Duration {
 	return t.limiter.cfg.slotLease
 }
 
-// learn passes on to the bucket what the response says of the provider's
-// limit. The updates run in the background, so the response goes back to
-// the caller at once. It does nothing while Redis is unavailable. The
-// script computes each with the Limit in force and within the bucket's
-// pause; learn bounds what a settle may take (see settleBound).
-func (t *Transport) learn(ctx context.Context, name string, o ask, resp *http.Response, lows []float64) {
+// learn passes on to the bucket what the response to a request sent at
+// start says of the provider's limit, in the background: the response
+// goes back to the caller at once. It does nothing while Redis is
+// unavailable. The script computes each update with the Limit in force
+// and within the pause; learn bounds a settle (see usage.Bound).
+func (t *Transport) learn(ctx context.Context, name string, o ask, resp *http.Response, lows []float64, start time.Time) {
 	if t.limiter.Mode() != ModeShared {
 		return
 	}
@@ -262,50 +261,45 @@ func (t *Transport) learn(ctx context.Context, name string, o ask, resp *http.Re
 	if err != nil {
 		return // cannot be: the take resolved the same bucket
 	}
-	var us []update
+	var us []updates.Update
 	st := t.limiter.store
 	now := time.Now()
-	pause := func(d time.Duration) update {
-		return update{updatePause, func(ctx context.Context) error {
+	pause := func(d time.Duration) updates.Update {
+		return updates.Update{Kind: updates.Pause, Run: func(ctx context.Context) error {
 			d := min(d, t.cfg.maxPause)
-			trace.SpanFromContext(ctx).SetAttributes(attrPause.Float64(d.Seconds()))
+			obs.Pause(ctx, d)
 			return st.Pause(ctx, b.Bucket, d)
 		}}
 	}
-	if d, ok := retryAfter(resp, now); ok && t.cfg.maxPause > 0 {
+	if d, ok := ratelimit.RetryAfter(resp, now); ok && t.cfg.maxPause > 0 {
 		us = append(us, pause(d))
 	}
+	if r, ok := t.cfg.adapt.Response(name, resp.StatusCode, resp.Header, o.meters, now.Sub(start), lows, now); ok {
+		us = append(us, updates.Update{Kind: updates.Refuse, Run: func(ctx context.Context) error { return st.Refuse(ctx, b.Bucket, r) }})
+	}
 	if t.cfg.providerHeaders && o.meters == nil { // a Metering reads its own (Remaining)
-		if remaining, reset, ok := rateLimitHeaders(resp.Header, now); ok {
+		if remaining, reset, ok := ratelimit.Remaining(resp.Header, now); ok {
 			if remaining < 1 && reset > 0 && t.cfg.maxPause > 0 {
 				us = append(us, pause(reset))
 			} else {
-				us = append(us, update{updateLower, func(ctx context.Context) error {
+				us = append(us, updates.Update{Kind: updates.Lower, Run: func(ctx context.Context) error {
 					return st.Lower(ctx, b.Bucket, remaining)
 				}})
 			}
 		}
 	}
 	if lows != nil {
-		us = append(us, update{updateLower, func(ctx context.Context) error { return st.LowerEach(ctx, b.Bucket, lows) }})
+		us = append(us, updates.Update{Kind: updates.Lower, Run: func(ctx context.Context) error { return st.LowerEach(ctx, b.Bucket, lows) }})
 	}
 	if t.cfg.settle != nil {
 		if real, ok := t.cfg.settle(resp); ok && real >= 0 && !math.IsInf(real, 0) && real != cost {
-			extra := real - cost
-			slowest := math.Inf(1)
-			for _, lim := range b.Lims {
-				slowest = min(slowest, lim.Rate)
+			extra := make([]float64, len(b.Lims))
+			for i := range extra {
+				extra[i] = real - cost
 			}
-			if bound := settleBound(slowest, t.cfg.maxPause); extra > bound {
-				t.limiter.updates.cut.Add(ctx, extra-bound, metric.WithAttributes(attrKey.String(b.Name)))
-				extra = bound
+			if u, ok := t.limiter.settle(ctx, b, o, extra, nil, t.cfg.maxPause); ok {
+				us = append(us, u)
 			}
-			c := store.Tokens(extra)
-			t.limiter.charge(ctx, b, o, store.Tokens(cost+extra), &c)
-			id := settleID()
-			us = append(us, update{updateSettle, func(ctx context.Context) error {
-				return st.Adjust(ctx, b.Bucket, c, id)
-			}})
 		}
 	}
 	if len(us) > 0 {
@@ -313,12 +307,32 @@ func (t *Transport) learn(ctx context.Context, name string, o ask, resp *http.Re
 	}
 }
 
-// settleID returns an id that makes a settle count once, however often
-// the client sends it.
-func settleID() string {
-	var b [8]byte
-	_, _ = rand.Read(b[:])
-	return hex.EncodeToString(b[:])
+// WithPool makes a Transport send each request to one of a pool of
+// deployments, each its own bucket (named "pool}{deployment", the pool
+// named by the KeyFunc) whose first layers are limits[deployment] in place
+// of NewTransport's Limit and the layers of WithLayers, or of the Meters'
+// Limits under WithMetering (requests first, then the Meters in order).
+// One script call takes the request's tokens from the deployment that
+// grants them soonest; among those that grant at once, the one with the
+// most room relative to its Limits; a last resort only when no other
+// grants at once. route returns the request for that deployment (its URL,
+// its credentials), leaving req as it is. A Retry-After, a settle and the
+// provider's headers go to the deployment that answered. A pool's takes
+// are for no tenant (see docs/pools.md). It panics on a pool it cannot
+// serve, saying why; NewTransport panics beside WithConcurrency,
+// WithTenant or a Limiter WithTenants.
+func WithPool(route func(req *http.Request, deployment string) *http.Request, limits map[string][]Limit, lastResort ...string) TransportOption {
+	p, err := pool.New(slices.Collect(maps.Keys(limits)), lastResort, route)
+	for _, d := range p.Names {
+		lims, lerr := resolveAll(limits[d])
+		if p.Lims = append(p.Lims, lims); err == nil && lerr != nil {
+			err = fmt.Errorf("deployment %q: %w", d, lerr)
+		}
+	}
+	if err != nil {
+		panic("quota: WithPool: " + err.Error())
+	}
+	return transportOpt(func(c *transportConfig) { c.pool = &p })
 }
 
 // Limiter returns the Limiter the Transport takes its tokens from.

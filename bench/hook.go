@@ -49,7 +49,7 @@ func (noControlHook) DialHook(next redis.DialHook) redis.DialHook { return next 
 func (noControlHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		if c, ok := cmd.(*redis.Cmd); ok && isControlRead(c.Args()) {
-			c.SetVal([]any{"0", "", "", "", "", "", "", "", "", "", "", ""})
+			c.SetVal([]any{"0", "", "", "", "", "", "", "", "", "", ""})
 			return nil
 		}
 		return next(ctx, cmd)

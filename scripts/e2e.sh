@@ -3,7 +3,7 @@
 # real Jaeger and a real redis-server that the test starts on loopback
 # ports, its traces read back from Jaeger's query API. Builds Jaeger once
 # per machine (scripts/jaeger.sh) and installs redis-server when missing
-# (scripts/need-redis.sh). Lints the example module first.
+# (scripts/need.sh redis). Lints the example module first.
 #
 #   scripts/e2e.sh            # extra arguments go to go test, e.g. -run TestJaeger
 set -euo pipefail
@@ -12,7 +12,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 go=${GO:-go}
 staticcheck=${STATICCHECK:-honnef.co/go/tools/cmd/staticcheck@v0.8.2}
 
-"$root/scripts/need-redis.sh"
+"$root/scripts/need.sh" redis
 jaeger=$("$root/scripts/jaeger.sh")
 
 cd "$root/examples/jaeger"

@@ -10,13 +10,22 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// client returns the Redis client that spec (the -redis flag) or the
-// environment names, and its address for messages, without a password.
-func client(spec string, getenv func(string) string) (redis.UniversalClient, string, error) {
-	src := "-redis"
+// target is the Redis that -redis or REDIS_URL names: one server, or the
+// nodes of a Cluster when they are several.
+type target struct {
+	src     string                // "-redis" or "REDIS_URL", for messages
+	addr    string                // for messages, without a password
+	opts    *redis.Options        // one server, which may be a node of a Cluster
+	cluster *redis.ClusterOptions // a Cluster's nodes
+}
+
+// parseTarget returns the Redis that spec (the -redis flag) or the
+// environment names.
+func parseTarget(spec string, getenv func(string) string) (target, error) {
+	t := target{src: "-redis"}
 	if spec == "" {
 		if u := getenv("REDIS_URL"); u != "" {
-			src, spec = "REDIS_URL", u
+			t.src, spec = "REDIS_URL", u
 		} else {
 			spec = "localhost:6379"
 		}
@@ -29,31 +38,34 @@ func client(spec string, getenv func(string) string) (redis.UniversalClient, str
 			if errors.As(err, &uerr) {
 				err = uerr.Err // url.Error quotes the URL, password and all
 			}
-			return nil, "", badUsage("bad %s: %v", src, err)
+			return target{}, badUsage("bad %s: %v", t.src, err)
 		}
 		timeouts(&o.DialTimeout, &o.ReadTimeout, &o.WriteTimeout, &o.ContextTimeoutEnabled)
-		return redis.NewClient(o), o.Addr, nil
-	case src == "REDIS_URL":
-		return nil, "", badUsage("bad REDIS_URL: want a redis:// or rediss:// URL")
+		t.opts, t.addr = o, o.Addr
+		return t, nil
+	case t.src == "REDIS_URL":
+		return target{}, badUsage("bad REDIS_URL: want a redis:// or rediss:// URL")
 	case strings.Contains(spec, "://"):
-		return nil, "", badUsage("bad -redis: want host:port, a comma-separated list of them, or a redis:// or rediss:// URL")
+		return target{}, badUsage("bad -redis: want host:port, a comma-separated list of them, or a redis:// or rediss:// URL")
 	case strings.Contains(spec, ","):
 		addrs := strings.Split(spec, ",")
 		for _, a := range addrs {
 			if err := checkAddr(a); err != nil {
-				return nil, "", err
+				return target{}, err
 			}
 		}
 		o := &redis.ClusterOptions{Addrs: addrs}
 		timeouts(&o.DialTimeout, &o.ReadTimeout, &o.WriteTimeout, &o.ContextTimeoutEnabled)
-		return redis.NewClusterClient(o), spec, nil
+		t.cluster, t.addr = o, spec
+		return t, nil
 	}
 	if err := checkAddr(spec); err != nil {
-		return nil, "", err
+		return target{}, err
 	}
 	o := &redis.Options{Addr: spec}
 	timeouts(&o.DialTimeout, &o.ReadTimeout, &o.WriteTimeout, &o.ContextTimeoutEnabled)
-	return redis.NewClient(o), spec, nil
+	t.opts, t.addr = o, spec
+	return t, nil
 }
 
 func timeouts(dial, read, write *time.Duration, ctxTimeout *bool) {

@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/sharedquota/quota"
+	"github.com/sharedquota/quota/internal/ratelimit"
 )
 
 // execute runs cmd against rdb.
@@ -16,7 +18,9 @@ func execute(ctx context.Context, rdb redis.UniversalClient, cmd command) (outpu
 	if cmd.op == "list" {
 		return listBuckets(ctx, rdb, cmd.prefix)
 	}
-	l := quota.NewLimiter(rdb, quota.WithPrefix(cmd.prefix))
+	// The Limiter's log would repeat, on stderr, the error that quotactl
+	// prints in its one line.
+	l := quota.NewLimiter(rdb, quota.WithPrefix(cmd.prefix), quota.WithLogger(slog.New(slog.DiscardHandler)))
 	// The bucket as it stands, read before any change. A bucket that a
 	// Limiter used lately, or that has an override or a pause, shows in its
 	// Status. One that shows nothing may still have keys, its slots' or a
@@ -34,6 +38,7 @@ func execute(ctx context.Context, rdb redis.UniversalClient, cmd command) (outpu
 // apply runs the operation of cmd with l; st is the
 // bucket's Status before it.
 func apply(ctx context.Context, l *quota.Limiter, cmd command, st quota.Status) (output, error) {
+	name := quoteName(cmd.name) // as list prints it
 	switch cmd.op {
 	case "status":
 		now := time.Now()
@@ -42,16 +47,25 @@ func apply(ctx context.Context, l *quota.Limiter, cmd command, st quota.Status) 
 		if err := l.SetLimit(ctx, cmd.name, cmd.limit); err != nil {
 			return output{}, err
 		}
-		return output{
-			text: fmt.Sprintf("%s: limited to %s, burst %s, until %s\n", cmd.name, fmtRate(cmd.limit.Rate), fmtNum(cmd.limit.Burst), shellLine("quotactl", "limit", cmd.name, "off")),
+		out := output{
+			text: fmt.Sprintf("%s: limited to %s, burst %s, until %s\n", name, fmtRate(cmd.limit.Rate), fmtNum(cmd.limit.Burst), hintLine("limit", cmd.name, "off")),
 			json: actionJSON{Name: cmd.name, Action: "limit", Override: limitJSON(&cmd.limit)},
-		}, nil
+		}
+		if span := st.Limit.Burst / st.Limit.Rate; !cmd.burst && cmd.limit.Burst < st.Limit.Burst &&
+			st.Limit.Burst > ratelimit.DefaultBurst(st.Limit.Rate) {
+			// The bucket held a burst of its own, which the default lowers.
+			keep := max(1, span*cmd.limit.Rate)
+			out.note = fmt.Sprintf("BURST left out is the default burst, three seconds of RATE: %s, where the bucket held %s, %ss of its rate; "+
+				"to hold %ss of RATE: %s", fmtNum(cmd.limit.Burst), fmtNum(st.Limit.Burst), fmtNum(span), fmtNum(span),
+				hintLine("limit", cmd.name, cmd.rate, fmtNum(keep)))
+		}
+		return out, nil
 	case "clear":
 		if err := l.ClearLimit(ctx, cmd.name); err != nil {
 			return output{}, err
 		}
 		return output{
-			text: fmt.Sprintf("%s: no override; the callers' Limit applies\n", cmd.name),
+			text: fmt.Sprintf("%s: no override; the callers' Limit applies\n", name),
 			json: actionJSON{Name: cmd.name, Action: "limit_off"},
 		}, nil
 	case "pause":
@@ -59,13 +73,13 @@ func apply(ctx context.Context, l *quota.Limiter, cmd command, st quota.Status) 
 			return output{}, err
 		}
 		a := actionJSON{Name: cmd.name, Action: "pause"}
-		text := fmt.Sprintf("%s: paused until %s\n", cmd.name, shellLine("quotactl", "resume", cmd.name))
+		text := fmt.Sprintf("%s: paused until %s\n", name, hintLine("resume", cmd.name))
 		if cmd.pause == quota.Forever {
 			a.Forever = true
 		} else {
 			s := cmd.pause.Seconds()
 			a.Seconds = &s
-			text = fmt.Sprintf("%s: paused for %v (a longer pause in force stays)\n", cmd.name, cmd.pause)
+			text = fmt.Sprintf("%s: paused for %v (a longer pause in force stays)\n", name, cmd.pause)
 		}
 		return output{text: text, json: a}, nil
 	case "resume":
@@ -73,12 +87,25 @@ func apply(ctx context.Context, l *quota.Limiter, cmd command, st quota.Status) 
 			return output{}, err
 		}
 		return output{
-			text: fmt.Sprintf("%s: not paused\n", cmd.name),
+			text: fmt.Sprintf("%s: not paused\n", name),
 			json: actionJSON{Name: cmd.name, Action: "resume"},
 		}, nil
 	}
 	return output{}, fmt.Errorf("unknown operation %q", cmd.op)
 }
+
+// hintLine returns the command line of quotactl op on the bucket called
+// name, with args, for a shell: "--" before a name that begins with "-".
+func hintLine(op, name string, args ...string) string {
+	line := []string{"quotactl", op, name}
+	if strings.HasPrefix(name, "-") {
+		line = []string{"quotactl", op, "--", name}
+	}
+	return shellLine(append(line, args...)...)
+}
+
+// shortenedNote follows a shortened name in list's text.
+const shortenedNote = "  (shortened: its first bytes and a digest; status, limit, pause and resume need the whole name)"
 
 // listBuckets lists the buckets under prefix.
 func listBuckets(ctx context.Context, rdb redis.UniversalClient, prefix string) (output, error) {
@@ -91,9 +118,9 @@ func listBuckets(ctx context.Context, rdb redis.UniversalClient, prefix string) 
 	}
 	var b strings.Builder
 	for _, l := range buckets {
-		b.WriteString(shellLine(l.Name))
+		b.WriteString(quoteName(l.Name))
 		if l.Shortened {
-			b.WriteString("  (shortened: the name's first bytes and a digest of it)")
+			b.WriteString(shortenedNote)
 		}
 		b.WriteString("\n")
 	}

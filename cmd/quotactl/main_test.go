@@ -104,7 +104,7 @@ func TestBadUsage(t *testing.T) {
 		{[]string{"limit", "x", "10/s", "0"}, `bad burst "0": want 1 token or more`},
 		{[]string{"limit", "x", "10/s", "-1"}, `bad limit "10/s -1": burst -1 must be a finite number, zero or more`},
 		{[]string{"limit", "x", "10/s", "Inf"}, `bad limit "10/s Inf": burst +Inf must be a finite number`},
-		{[]string{"limit", "x", "10/s", "0.5"}, `bad burst "0.5": want 1 token or more`},
+		{[]string{"limit", "x", "10/s", "0.5"}, `bad limit "10/s 0.5": burst 0.5 holds less than one token`},
 		{[]string{"limit", "x", "10/s", "5", "6"}, `unexpected argument "6"`},
 		{[]string{"limit", "x", "off", "5"}, `unexpected argument "5" after off`},
 		{[]string{"limit", "x", "1/d", "400"}, `bad limit "1/d 400": a burst of 400 at 1.1574074074074073e-05/s takes longer than`},
@@ -119,7 +119,12 @@ func TestBadUsage(t *testing.T) {
 		{[]string{"resume"}, "missing arguments"},
 		{[]string{"resume", "x", "now"}, `unexpected argument "now"`},
 		{[]string{"list", "x"}, `list: unexpected argument "x": want none`},
-		{[]string{"lst"}, `unknown subcommand "lst": want status, limit, pause, resume or list`},
+		{[]string{"lst"}, `unknown subcommand "lst": want status, limit, pause, resume, list or top`},
+		{[]string{"top", "a", "b"}, `top: unexpected argument "b": want [NAME]`},
+		{[]string{"top", ""}, "name is empty"},
+		{[]string{"-json", "top"}, "top: -json does not apply"},
+		{[]string{"top"}, "top: needs a terminal"}, // the test's stdout is a buffer
+		{[]string{"top", "api"}, "top: needs a terminal"},
 		{[]string{"-redis", "localhost", "status", "x"}, `bad -redis address "localhost"`},
 		{[]string{"-redis", "a:1,b", "status", "x"}, `bad -redis address "b"`},
 		{[]string{"-redis", "http://localhost:6379", "status", "x"}, "bad -redis"},
@@ -159,7 +164,7 @@ func TestFlagsAnywhere(t *testing.T) {
 		{[]string{"-prefix", "--", "status", "-"}, command{prefix: "--", op: "status", name: "-"}}, // a flag's value may be "--"
 		{[]string{"list", "-json"}, command{prefix: quota.DefaultPrefix, json: true, op: "list"}},
 		{[]string{"pause", "x", "-json", "5s"}, command{prefix: quota.DefaultPrefix, json: true, op: "pause", name: "x", pause: 5 * time.Second}},
-		{[]string{"limit", "x", "-json=false", "10/s", "-json", "5"}, command{prefix: quota.DefaultPrefix, json: true, op: "limit", name: "x", limit: quota.Limit{Rate: 10, Burst: 5}}},
+		{[]string{"limit", "x", "-json=false", "10/s", "-json", "5"}, command{prefix: quota.DefaultPrefix, json: true, op: "limit", name: "x", limit: quota.Limit{Rate: 10, Burst: 5}, rate: "10/s", burst: true}},
 	} {
 		if got, err := parse(tc.args); err != nil || got != tc.want {
 			t.Errorf("parse(%q) = %+v, %v; want %+v", tc.args, got, err, tc.want)
@@ -284,8 +289,20 @@ func TestCommands(t *testing.T) {
 	if tok, _ := st["tokens"].(float64); tok < 299 || tok > 300 {
 		t.Errorf("status tokens = %v, want about 299", st["tokens"])
 	}
-	if len(st) != 12 {
-		t.Errorf("status has %d fields, want 12: %v", len(st), st)
+	if len(st) != 20 {
+		t.Errorf("status has %d fields, want 20: %v", len(st), st)
+	}
+	layers, _ := st["layers"].([]any)
+	if len(layers) != 1 {
+		t.Fatalf("status layers = %v, want one", st["layers"])
+	}
+	layer := layers[0].(map[string]any)
+	if g, _ := layer["granted"].([]any); layer["rate"] != 100.0 || layer["burst"] != 300.0 || layer["override"] != false || len(g) != 60 {
+		t.Errorf("status layers[0] = %v", layer)
+	}
+	if lim, _ := st["limiters"].([]any); len(lim) != 1 || !jsonEqual(st["slots"], map[string]any{"held": 0.0, "lingering": 0.0, "waiting": 0.0}) ||
+		st["resumes_at"] != nil || st["now"] == nil || st["granted_until"] == nil {
+		t.Errorf("status limiters %v, slots %v, resumes_at %v, now %v, granted_until %v", st["limiters"], st["slots"], st["resumes_at"], st["now"], st["granted_until"])
 	}
 	text := cmd("status", name)
 	for _, line := range []string{"bucket   api.example.com", "limit    100/s, burst 300 (the callers'; no override)", "paused   no", "workers  1 on this bucket"} {
@@ -642,7 +659,7 @@ func TestList(t *testing.T) {
 	text := mustRun(t, nil, append(flags, "list")...)
 	lines := strings.Split(strings.TrimSuffix(text, "\n"), "\n")
 	if len(lines) != len(names)+1 || !slices.Contains(lines, "'my bucket'") || !slices.Contains(lines, "'}brace'") || !slices.Contains(lines, "-dash") ||
-		!slices.Contains(lines, shellLine(shortened[0].Name)+"  (shortened: the name's first bytes and a digest of it)") {
+		!slices.Contains(lines, quoteName(shortened[0].Name)+shortenedNote) {
 		t.Errorf("quotactl list printed %d lines, want %d: %q ...", len(lines), len(names)+1, lines[:min(len(lines), 12)])
 	}
 

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/sharedquota/quota"
+	"github.com/sharedquota/quota/internal/ratelimit"
+	"github.com/sharedquota/quota/internal/store"
 )
 
 // usageError is bad usage: exit 2 with its message and the hint.
@@ -26,9 +28,11 @@ type command struct {
 	redis  string
 	prefix string
 	json   bool
-	op     string // status, limit, clear, pause, resume, list
+	op     string // status, limit, clear, pause, resume, list, top
 	name   string
 	limit  quota.Limit
+	rate   string        // limit's RATE as given
+	burst  bool          // limit's BURST was given
 	pause  time.Duration // quota.Forever for forever
 }
 
@@ -45,10 +49,14 @@ func parse(args []string) (command, error) {
 		if errors.Is(err, flag.ErrHelp) {
 			return cmd, err
 		}
-		return cmd, usageError{err.Error()}
+		msg := err.Error()
+		if strings.HasPrefix(msg, "flag provided but not defined: ") {
+			msg += `; an argument that begins with "-", such as a NAME, goes after "--"`
+		}
+		return cmd, usageError{msg}
 	}
 	if len(rest) == 0 {
-		return cmd, badUsage("no subcommand: want status, limit, pause, resume or list")
+		return cmd, badUsage("no subcommand: want status, limit, pause, resume, list or top")
 	}
 	cmd.op, rest = rest[0], rest[1:]
 	want := func(min, max int, what string) error {
@@ -58,10 +66,14 @@ func parse(args []string) (command, error) {
 		if len(rest) > max {
 			return badUsage("%s: unexpected argument %q: want %s", cmd.op, rest[max], what)
 		}
-		if rest[0] == "" {
+		cmd.name = unquoteName(rest[0])
+		if cmd.name == "" {
 			return badUsage("%s: the bucket's name is empty", cmd.op)
 		}
-		cmd.name = rest[0]
+		if isShortened(cmd.name) {
+			return badUsage("%s: the name is one that list prints shortened: Redis keeps a name over %d bytes as its first bytes "+
+				"and a digest, and quotactl reaches its bucket by the whole name only", cmd.op, store.MaxNameLen)
+		}
 		return nil
 	}
 	switch cmd.op {
@@ -70,6 +82,15 @@ func parse(args []string) (command, error) {
 	case "list":
 		if len(rest) > 0 {
 			return cmd, badUsage("list: unexpected argument %q: want none", rest[0])
+		}
+	case "top":
+		if cmd.json {
+			return cmd, badUsage("top: -json does not apply: top is a live view; status -json reads one bucket")
+		}
+		if len(rest) > 0 {
+			if err := want(1, 1, "[NAME]"); err != nil {
+				return cmd, err
+			}
 		}
 	case "status", "resume":
 		if err := want(1, 1, "NAME"); err != nil {
@@ -90,7 +111,7 @@ func parse(args []string) (command, error) {
 		if err != nil {
 			return cmd, err
 		}
-		cmd.limit = lim
+		cmd.limit, cmd.rate, cmd.burst = lim, rest[1], len(rest) > 2
 	case "pause":
 		if err := want(2, 2, "NAME DURATION|forever"); err != nil {
 			return cmd, err
@@ -101,7 +122,7 @@ func parse(args []string) (command, error) {
 		}
 		cmd.pause = d
 	default:
-		return cmd, badUsage("unknown subcommand %q: want status, limit, pause, resume or list", cmd.op)
+		return cmd, badUsage("unknown subcommand %q: want status, limit, pause, resume, list or top", cmd.op)
 	}
 	return cmd, nil
 }
@@ -189,12 +210,12 @@ func parseLimit(args []string) (quota.Limit, error) {
 		return quota.Limit{}, badUsage("bad limit %q: %s", strings.Join(args, " "), why)
 	}
 	if len(args) > 1 && lim.Burst < 1 {
-		// The package takes it, but a bucket that never holds a whole
-		// token refuses every request of one, fleet-wide.
+		// An explicit 0 is the package's default, which BURST left out
+		// means: given, it is more likely a mistake.
 		return quota.Limit{}, badUsage("bad burst %q: want 1 token or more, the cost of one request", args[1])
 	}
 	if lim.Burst == 0 {
-		lim.Burst = max(1, 3*lim.Rate) // the package's default, for the messages
+		lim.Burst = ratelimit.DefaultBurst(lim.Rate) // for the messages
 	}
 	return lim, nil
 }

@@ -7,4 +7,8 @@ import (
 	"github.com/sharedquota/quota/internal/redistest"
 )
 
-func TestMain(m *testing.M) { os.Exit(redistest.Main(m)) }
+func TestMain(m *testing.M) {
+	code := redistest.Main(m)
+	redistest.Skipped(int(tmuxSkipped.Load()), "tmux", tmuxHint)
+	os.Exit(code)
+}

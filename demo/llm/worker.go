@@ -18,6 +18,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/sharedquota/quota"
 	"github.com/sharedquota/quota/demo/internal/workers"
+	"github.com/sharedquota/quota/llm"
 )
 
 // workerEnv carries a worker's spec, as JSON, to the worker process;
@@ -54,9 +55,9 @@ type workerReport struct {
 }
 
 // fleetLimits returns the Transport's share of the provider's limits.
-func fleetLimits() (requests quota.Limit, m quota.AnthropicLimits) {
+func fleetLimits() (requests quota.Limit, m llm.AnthropicLimits) {
 	scale := func(b float64) quota.Limit { return quota.Limit{Rate: share * b, Burst: share * b} }
-	return scale(limits.Requests.Rate), quota.AnthropicLimits{
+	return scale(limits.Requests.Rate), llm.AnthropicLimits{
 		InputTokens:  scale(limits.InputTokens.Rate),
 		OutputTokens: scale(limits.OutputTokens.Rate),
 	}
@@ -71,7 +72,7 @@ func runWorker() error {
 		return fmt.Errorf("worker: bad %s: %w", workerEnv, err)
 	}
 	requests, lim := fleetLimits()
-	m := quota.Anthropic(lim)
+	m := llm.Anthropic(lim)
 	if spec.Mode == modeUnsettled {
 		m.Usage = nil // every reservation stays whole
 	}

@@ -92,7 +92,9 @@ func runWorker() error {
 		switch {
 		case err == nil:
 			rep.Samples = append(rep.Samples, sample{At: asked.Sub(spec.Start).Seconds(), Wait: waited.Seconds()})
-		case ctx.Err() != nil, errors.Is(err, quota.ErrWouldExceedDeadline):
+		case ctx.Err() != nil, !time.Now().Before(spec.End), errors.Is(err, quota.ErrWouldExceedDeadline):
+			// The phase's end: a call may fail with its deadline a moment
+			// before ctx reports it.
 			return false
 		default:
 			rep.Failed++

@@ -22,6 +22,7 @@ import (
 	"github.com/sharedquota/quota"
 	"github.com/sharedquota/quota/internal/llmfake"
 	"github.com/sharedquota/quota/internal/redistest"
+	"github.com/sharedquota/quota/llm"
 )
 
 func TestMain(m *testing.M) { os.Exit(redistest.Main(m)) }
@@ -95,9 +96,14 @@ type fixture struct {
 
 func newFixture(t *testing.T, rdb *redis.Client, fake *llmfake.Server, requests quota.Limit, m quota.Metering) *fixture {
 	t.Helper()
-	ts := httptest.NewServer(fake)
+	return serveFixture(t, rdb, httptest.NewServer(fake), fake, requests, m)
+}
+
+// serveFixture is newFixture with fake served by ts, over HTTP or TLS.
+func serveFixture(t *testing.T, rdb *redis.Client, ts *httptest.Server, fake *llmfake.Server, requests quota.Limit, m quota.Metering) *fixture {
+	t.Helper()
 	t.Cleanup(ts.Close)
-	base := http.DefaultTransport.(*http.Transport).Clone()
+	base := ts.Client().Transport.(*http.Transport).Clone() // trusts ts's certificate, if it has one
 	t.Cleanup(base.CloseIdleConnections)
 	f := &fixture{fake: fake, url: ts.URL, wire: &recorder{rt: base}}
 	f.tr = quota.NewTransport(rdb, requests, quota.WithMetering(m), quota.WithBase(f.wire))
@@ -208,7 +214,7 @@ func TestAnthropicSDK(t *testing.T) {
 	rdb := redistest.Start(t).Client(t)
 	fake := &llmfake.Server{Kind: llmfake.Anthropic, Latency: 20 * time.Millisecond, Used: func(int) int { return used }}
 	f := newFixture(t, rdb, fake, quota.PerSecond(100),
-		quota.Anthropic(quota.AnthropicLimits{InputTokens: quota.PerMinute(40000), OutputTokens: quota.PerMinute(8000)}))
+		llm.Anthropic(llm.AnthropicLimits{InputTokens: llm.PerMinute(40000), OutputTokens: llm.PerMinute(8000)}))
 	client := f.anthropic()
 	for i, stream := range []bool{false, true} {
 		ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
@@ -252,7 +258,7 @@ func TestAnthropicSettles(t *testing.T) {
 			Latency: 20 * time.Millisecond,
 			Used:    func(int) int { return used },
 		}
-		m := quota.Anthropic(quota.AnthropicLimits{InputTokens: quota.PerMinute(600000), OutputTokens: quota.Limit{Rate: 10, Burst: 2000}})
+		m := llm.Anthropic(llm.AnthropicLimits{InputTokens: llm.PerMinute(600000), OutputTokens: quota.Limit{Rate: 10, Burst: 2000}})
 		if !settle {
 			m.Usage = nil
 		}
@@ -298,7 +304,7 @@ func TestAnthropicSettles(t *testing.T) {
 func TestOpenAISDK(t *testing.T) {
 	rdb := redistest.Start(t).Client(t)
 	fake := &llmfake.Server{Kind: llmfake.OpenAI, Latency: 20 * time.Millisecond, Used: func(int) int { return used }}
-	f := newFixture(t, rdb, fake, quota.PerSecond(100), quota.OpenAI(quota.OpenAILimits{Tokens: quota.PerMinute(30000)}))
+	f := newFixture(t, rdb, fake, quota.PerSecond(100), llm.OpenAI(llm.OpenAILimits{Tokens: llm.PerMinute(30000)}))
 	client := f.openai()
 	for i, stream := range []bool{false, true} {
 		ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
@@ -344,7 +350,7 @@ func TestOpenAIWaits(t *testing.T) {
 		}
 	}
 	fake := newFake()
-	f := newFixture(t, rdb, fake, quota.PerSecond(100), quota.OpenAI(quota.OpenAILimits{Tokens: quota.Limit{Rate: rate, Burst: burst}}))
+	f := newFixture(t, rdb, fake, quota.PerSecond(100), llm.OpenAI(llm.OpenAILimits{Tokens: quota.Limit{Rate: rate, Burst: burst}}))
 	client := f.openai()
 	start := time.Now()
 	for i := range requests {
@@ -392,6 +398,10 @@ func TestRun(t *testing.T) {
 	srv := redistest.Start(t)
 	t.Setenv("ANTHROPIC_API_KEY", "test-key")
 	t.Setenv("OPENAI_API_KEY", "test-key")
+	t.Setenv("GEMINI_API_KEY", "test-key")
+	t.Setenv("AZURE_OPENAI_API_KEY", "test-key")
+	t.Setenv("AWS_ACCESS_KEY_ID", "AKIDEXAMPLE")
+	t.Setenv("AWS_SECRET_ACCESS_KEY", "secret")
 	for _, tc := range []struct {
 		provider string
 		kind     llmfake.Kind
@@ -399,13 +409,24 @@ func TestRun(t *testing.T) {
 	}{
 		{"anthropic", llmfake.Anthropic, ""},
 		{"openai", llmfake.OpenAI, "/v1/"},
+		{"gemini", llmfake.Gemini, ""},
+		{"azure", llmfake.Azure, ""},
+		{"bedrock", llmfake.Bedrock, ""},
 	} {
 		fake := &llmfake.Server{Kind: tc.kind, Latency: 20 * time.Millisecond, Used: func(int) int { return used }}
 		ts := httptest.NewServer(fake)
+		restore := func() {}
+		if tc.kind == llmfake.Azure { // over TLS: see azureServer
+			ts.Close()
+			ts = azureServer(t, fake)
+			old := http.DefaultTransport
+			http.DefaultTransport, restore = ts.Client().Transport, func() { http.DefaultTransport = old }
+		}
 		var out bytes.Buffer
 		ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
 		err := run(ctx, config{Provider: tc.provider, Redis: srv.Addr(), BaseURL: ts.URL + tc.path, Prompt: "Say hello."}, &out)
 		cancel()
+		restore()
 		ts.Close()
 		if err != nil {
 			t.Fatalf("%s: %v", tc.provider, err)

@@ -1,14 +1,17 @@
-// Command llm sends a message to Anthropic's or OpenAI's API through the
+// Command llm sends a message to Anthropic's, OpenAI's or Gemini's API, an
+// Azure OpenAI deployment or Amazon Bedrock (cloud.go) through the
 // provider's official Go SDK, whole and streamed, with a quota Transport
 // as the SDK's HTTP client: every process that runs it against the same
 // Redis shares the organization's limits on requests and tokens. A request
 // reserves its estimated input tokens and its max_tokens; the Transport
 // reads the usage from the answer as the SDK reads it, and settles the
-// reservation with it. With Redis on 127.0.0.1:6379 and the API key in
-// ANTHROPIC_API_KEY or OPENAI_API_KEY:
+// reservation with it. (Gemini counts the input tokens alone: its
+// requests reserve no output.) With Redis on 127.0.0.1:6379 and the API
+// key in ANTHROPIC_API_KEY, OPENAI_API_KEY or GEMINI_API_KEY:
 //
 //	go run . -provider anthropic
 //	go run . -provider openai -redis 10.0.0.5:6379
+//	go run . -provider gemini
 //
 // -base-url points the SDK at another server, such as a local fake of the
 // API (for the OpenAI SDK, a URL ending in /v1/).
@@ -33,11 +36,12 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sharedquota/quota"
+	"github.com/sharedquota/quota/llm"
 )
 
 // config is what the example is pointed at.
 type config struct {
-	Provider string // "anthropic" or "openai"
+	Provider string // "anthropic", "openai", "gemini", "azure" or "bedrock"
 	Redis    string // host:port of the Redis that holds the buckets
 	BaseURL  string // the API's base URL; empty: the SDK's default
 	Prompt   string // the message sent
@@ -49,7 +53,7 @@ const maxTokens = 1024
 
 func main() {
 	var cfg config
-	flag.StringVar(&cfg.Provider, "provider", "anthropic", "the API: `anthropic` or openai")
+	flag.StringVar(&cfg.Provider, "provider", "anthropic", "the API: `anthropic`, openai, gemini, azure or bedrock")
 	flag.StringVar(&cfg.Redis, "redis", "127.0.0.1:6379", "`host:port` of Redis")
 	flag.StringVar(&cfg.BaseURL, "base-url", "", "the API's base `URL` (default the SDK's)")
 	flag.StringVar(&cfg.Prompt, "prompt", "Say hello in five words.", "the `message` to send")
@@ -72,17 +76,26 @@ func run(ctx context.Context, cfg config, out io.Writer) (err error) {
 	ask := askAnthropic
 	switch cfg.Provider {
 	case "anthropic":
-		tr = quota.NewTransport(rdb, quota.PerMinute(50), quota.WithMetering(quota.Anthropic(quota.AnthropicLimits{
-			InputTokens:  quota.PerMinute(40000),
-			OutputTokens: quota.PerMinute(8000),
+		tr = quota.NewTransport(rdb, quota.PerMinute(50), quota.WithMetering(llm.Anthropic(llm.AnthropicLimits{
+			InputTokens:  llm.PerMinute(40000),
+			OutputTokens: llm.PerMinute(8000),
 		})))
 	case "openai":
-		tr = quota.NewTransport(rdb, quota.PerMinute(500), quota.WithMetering(quota.OpenAI(quota.OpenAILimits{
-			Tokens: quota.PerMinute(30000),
+		tr = quota.NewTransport(rdb, quota.PerMinute(500), quota.WithMetering(llm.OpenAI(llm.OpenAILimits{
+			Tokens: llm.PerMinute(30000),
 		})))
 		ask = askOpenAI
+	case "gemini":
+		tr = quota.NewTransport(rdb, quota.PerMinute(150), quota.WithMetering(llm.Gemini(llm.GeminiLimits{
+			InputTokens: llm.PerMinute(1000000),
+		})))
+		ask = askGemini
+	case "azure": // see cloud.go
+		tr, ask = azureTransport(rdb), askAzure
+	case "bedrock":
+		tr, ask = bedrockTransport(rdb), askBedrock
 	default:
-		return fmt.Errorf("unknown provider %q: want anthropic or openai", cfg.Provider)
+		return fmt.Errorf("unknown provider %q: want anthropic, openai, gemini, azure or bedrock", cfg.Provider)
 	}
 	// Settles run in the background; Flush waits for them.
 	defer func() {

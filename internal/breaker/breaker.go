@@ -1,15 +1,13 @@
 // Package breaker stands in front of Redis for a Limiter: closed while
 // Redis answers, open while it does not, with one background probe that
-// finds out when it answers again, and a log record for every change.
+// finds out when it answers again, and a hook told of every change.
 //
-// It knows nothing of buckets or policies: the Limiter says which mode the
-// breaker opens in and how each mode is described, and gives it the probe
-// to run.
+// It knows nothing of buckets, policies or logs: the Limiter gives it the
+// probe to run, and formats and logs the changes it is told of.
 package breaker
 
 import (
 	"context"
-	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -24,34 +22,38 @@ const (
 	ProbeTimeout = 2 * time.Second
 )
 
-// Closed is the mode of a closed (or half-open) breaker. Any other mode is
-// one the breaker was opened in (see Config.Open).
-const Closed int32 = 0
-
 // Config is what a Breaker is told once, at its start.
 type Config struct {
-	Client      string // the Redis address(es), for the logs
-	Policy      string // the policy's name, for the logs
-	Logger      *slog.Logger
 	RemindEvery time.Duration // how often, at most, it repeats that Redis is unavailable
 	Idle        time.Duration // the probe stops after this long without a request
 
-	// Open is the mode the breaker opens in, not Closed. Name names a
-	// mode; Describe says what requests do in it; Level is the level at
-	// which a change to it is logged.
-	Open     int32
-	Name     func(mode int32) string
-	Describe func(mode int32) string
-	Level    func(mode int32) slog.Level
+	// OnChange is told of every change of state, and of the reminders
+	// while the breaker is open. It runs on the goroutine that made the
+	// change: a caller's that tripped the breaker, or the probe's.
+	OnChange func(Change)
+}
 
-	// ResumeIn returns, once Redis answers, how long until the breaker
-	// closes: the instant every Limiter of the fleet leaves its policy.
-	// Closing runs when the breaker is about to close after an outage; the
-	// breaker stays open when it fails. Closed runs after it closed. Any of
-	// them may be nil.
-	ResumeIn func(ctx context.Context) time.Duration
-	Closing  func() error
-	Closed   func()
+// An Event is what a Change tells.
+type Event int
+
+const (
+	Tripped   Event = iota // a call failed as unavailable: the breaker opened
+	Reminded               // still open, RemindEvery after the last record
+	Recovered              // Redis answered: the breaker closed
+	Idled                  // no request for Idle: the breaker went half-open
+)
+
+// A Change is a change of a Breaker's state, or a reminder that it is
+// still open.
+type Change struct {
+	Event  Event
+	Bucket string        // Tripped: the bucket whose call failed
+	Cause  error         // Tripped and Reminded: the error that opened it, or the latest the probe met
+	For    time.Duration // Reminded, Recovered and Idled: how long it had been open
+
+	// Reminded, Recovered and Idled: the requests the policy served and
+	// refused in this outage.
+	Served, Refused int64
 }
 
 // A Breaker is closed while Redis answers. After a call fails as
@@ -65,12 +67,12 @@ type Config struct {
 // and the next request asks Redis itself, tripping it again if Redis still
 // does not answer.
 //
-// Every change of state is logged once, and a reminder at most once every
-// RemindEvery while open.
+// Every change of state is told to Config.OnChange once, and a reminder
+// at most once every RemindEvery while open.
 type Breaker struct {
 	cfg Config
 
-	state   atomic.Int32 // a mode: Closed while closed or half-open
+	open    atomic.Bool  // false while closed or half-open
 	served  atomic.Int64 // requests the policy let through in this outage
 	refused atomic.Int64 // requests the policy refused in this outage
 	probing atomic.Bool  // a probe is running
@@ -85,8 +87,8 @@ type Breaker struct {
 // New returns a closed Breaker.
 func New(cfg Config) *Breaker { return &Breaker{cfg: cfg} }
 
-// Mode returns Closed, or the mode the breaker is open in.
-func (br *Breaker) Mode() int32 { return br.state.Load() }
+// Open reports whether the breaker is open.
+func (br *Breaker) Open() bool { return br.open.Load() }
 
 // Cause returns the error that opened the breaker, or the latest the probe
 // met.
@@ -101,12 +103,12 @@ func (br *Breaker) Served()  { br.served.Add(1) }
 func (br *Breaker) Refused() { br.refused.Add(1) }
 
 // Trip records that a call on the bucket called bucket failed as
-// unavailable with cause; probe asks Redis whether it answers again. The
-// first caller to trip opens the breaker, logs it and starts the probe;
-// later callers find it open already.
+// unavailable with cause; probe asks Redis whether it answers again, and
+// the breaker closes once it returns nil. The first caller to trip opens
+// the breaker, tells OnChange and starts the probe; later callers find it
+// open already.
 func (br *Breaker) Trip(bucket string, probe func(context.Context) error, cause error) {
-	mode := br.cfg.Open
-	if !br.state.CompareAndSwap(Closed, mode) {
+	if !br.open.CompareAndSwap(false, true) {
 		return
 	}
 	now := time.Now()
@@ -116,13 +118,7 @@ func (br *Breaker) Trip(bucket string, probe func(context.Context) error, cause 
 	br.served.Store(0)
 	br.refused.Store(0)
 	br.Touch(probe)
-	br.cfg.Logger.LogAttrs(context.Background(), br.cfg.Level(mode), "quota: Redis unavailable, "+br.cfg.Describe(mode),
-		slog.String("redis", br.cfg.Client),
-		slog.String("bucket", bucket),
-		slog.String("policy", br.cfg.Policy),
-		slog.String("mode", br.cfg.Name(mode)),
-		slog.String("cause", cause.Error()),
-	)
+	br.cfg.OnChange(Change{Event: Tripped, Bucket: bucket, Cause: cause})
 }
 
 // Touch notes that the policy is serving a request and makes sure a probe
@@ -134,30 +130,23 @@ func (br *Breaker) Touch(probe func(context.Context) error) {
 	}
 }
 
-// probe asks Redis, with backoff, until it answers, then closes the
-// breaker at the instant the fleet agrees on, once Closing has succeeded.
-// It stops early, leaving the breaker half-open, when no request has
-// needed the policy for Idle.
+// probe asks Redis, with backoff, until ask returns nil, then closes the
+// breaker. It stops early, leaving the breaker half-open, when no request
+// has needed the policy for Idle.
 func (br *Breaker) probe(ask func(context.Context) error) {
 	defer br.probing.Store(false)
 	backoff := MinBackoff
 	for {
 		time.Sleep(backoff)
 		if time.Since(time.Unix(0, br.used.Load())) > br.cfg.Idle {
-			br.halfOpen()
+			br.reset(Idled)
 			return
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), ProbeTimeout)
 		err := ask(ctx)
-		if err == nil && br.cfg.ResumeIn != nil {
-			time.Sleep(br.cfg.ResumeIn(ctx)) // the policy serves meanwhile
-		}
 		cancel()
-		if err == nil && br.cfg.Closing != nil {
-			err = br.cfg.Closing() // Redis may have gone again
-		}
 		if err == nil {
-			br.close()
+			br.reset(Recovered)
 			return
 		}
 		br.remind(err)
@@ -177,42 +166,18 @@ func (br *Breaker) remind(cause error) {
 	if !due {
 		return
 	}
-	mode := br.Mode()
-	br.cfg.Logger.LogAttrs(context.Background(), br.cfg.Level(mode), "quota: Redis still unavailable, "+br.cfg.Describe(mode),
-		slog.String("redis", br.cfg.Client),
-		slog.String("policy", br.cfg.Policy),
-		slog.String("mode", br.cfg.Name(mode)),
-		slog.Duration("for", time.Since(since).Round(time.Millisecond)),
-		slog.Int64("served", br.served.Load()),
-		slog.Int64("refused", br.refused.Load()),
-		slog.String("cause", cause.Error()),
-	)
+	br.cfg.OnChange(Change{Event: Reminded, Cause: cause, For: time.Since(since),
+		Served: br.served.Load(), Refused: br.refused.Load()})
 }
 
-// close ends the outage: Redis answered.
-func (br *Breaker) close() {
-	br.reset(slog.LevelInfo, "quota: Redis available again, the shared bucket resumed")
-}
-
-// halfOpen stops reporting an outage that nobody has checked for Idle: the
+// reset closes the breaker, for event: Recovered, or Idled, when the
+// probe stops reporting an outage that nobody has checked for Idle: the
 // next request asks Redis itself.
-func (br *Breaker) halfOpen() {
-	br.reset(slog.LevelWarn, "quota: no request for "+br.cfg.Idle.String()+"; the next one asks Redis again")
-}
-
-// reset closes the breaker and logs why.
-func (br *Breaker) reset(level slog.Level, msg string) {
+func (br *Breaker) reset(event Event) {
 	br.mu.Lock()
 	since := br.since
 	br.mu.Unlock()
-	br.state.Store(Closed)
-	if br.cfg.Closed != nil {
-		br.cfg.Closed()
-	}
-	br.cfg.Logger.LogAttrs(context.Background(), level, msg,
-		slog.String("redis", br.cfg.Client),
-		slog.Duration("after", time.Since(since).Round(time.Millisecond)),
-		slog.Int64("served", br.served.Load()),
-		slog.Int64("refused", br.refused.Load()),
-	)
+	br.open.Store(false)
+	br.cfg.OnChange(Change{Event: event, For: time.Since(since),
+		Served: br.served.Load(), Refused: br.refused.Load()})
 }

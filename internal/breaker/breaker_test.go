@@ -3,53 +3,54 @@ package breaker
 import (
 	"context"
 	"errors"
-	"log/slog"
 	"slices"
 	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
-
-	"github.com/sharedquota/quota/internal/logtest"
 )
-
-// The modes the tests open breakers in, and their names.
-const (
-	local int32 = iota + 1
-	open
-	closed
-)
-
-var modeNames = map[int32]string{Closed: "shared", local: "local", open: "open", closed: "closed"}
 
 const idle = time.Minute
 
-type logRecorder = logtest.Recorder
+// changes records what a breaker told its hook.
+type changes struct {
+	mu  sync.Mutex
+	all []Change
+}
+
+func (c *changes) add(ch Change) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.all = append(c.all, ch)
+}
+
+// of returns the changes of event told so far.
+func (c *changes) of(event Event) []Change {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []Change
+	for _, ch := range c.all {
+		if ch.Event == event {
+			out = append(out, ch)
+		}
+	}
+	return out
+}
 
 // newTestBreaker returns a breaker whose questions to Redis are answered
-// by answer, recording when each was asked.
-func newTestBreaker(open int32, answer func(n int) error) (*Breaker, func(context.Context) error, *logRecorder, func() []time.Time) {
-	logs := &logRecorder{}
+// by answer, recording when each was asked, and what it told its hook.
+func newTestBreaker(answer func(n int) error) (*Breaker, func(context.Context) error, *changes, func() []time.Time) {
+	told := &changes{}
 	var mu sync.Mutex
 	var asked []time.Time
-	br := New(Config{
-		Client:      "test",
-		Policy:      "test policy",
-		Logger:      slog.New(logs),
-		RemindEvery: time.Minute,
-		Idle:        idle,
-		Open:        open,
-		Name:        func(m int32) string { return modeNames[m] },
-		Describe:    func(m int32) string { return "requests now go to mode " + modeNames[m] },
-		Level:       func(int32) slog.Level { return slog.LevelError },
-	})
+	br := New(Config{RemindEvery: time.Minute, Idle: idle, OnChange: told.add})
 	ask := func(context.Context) error {
 		mu.Lock()
 		defer mu.Unlock()
 		asked = append(asked, time.Now())
 		return answer(len(asked))
 	}
-	return br, ask, logs, func() []time.Time {
+	return br, ask, told, func() []time.Time {
 		mu.Lock()
 		defer mu.Unlock()
 		return slices.Clone(asked)
@@ -60,11 +61,11 @@ var errDown = errors.New("connection refused")
 
 func TestBreakerBacksOffAndReminds(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		br, ask, logs, asked := newTestBreaker(open, func(int) error { return errDown })
+		br, ask, told, asked := newTestBreaker(func(int) error { return errDown })
 		start := time.Now()
 		br.Trip("k", ask, errDown)
-		if br.Mode() != open {
-			t.Fatalf("mode %v after a trip", br.Mode())
+		if !br.Open() {
+			t.Fatal("closed after a trip")
 		}
 		// A request every second keeps the probe going for five minutes.
 		for range 300 {
@@ -87,15 +88,15 @@ func TestBreakerBacksOffAndReminds(t *testing.T) {
 		}
 		// One reminder a minute: at 1, 2, 3 and 4 minutes, and at 5 when
 		// the fifth minute's probe lands before the loop ends.
-		if n := logs.Count(slog.LevelError, "still unavailable"); n < 4 || n > 5 {
-			t.Errorf("%d reminders in 5 minutes, want one a minute:\n%s", n, logs)
+		reminders := told.of(Reminded)
+		if n := len(reminders); n < 4 || n > 5 {
+			t.Fatalf("%d reminders in 5 minutes, want one a minute", n)
 		}
-		r, _ := logs.First("still unavailable")
-		if served := logtest.AttrInt(r, "served"); served < 55 || served > 61 {
-			t.Errorf("the first reminder says %d requests were served, want about 60", served)
+		if r := reminders[0]; r.Served < 55 || r.Served > 61 || r.For < time.Minute || r.For > time.Minute+MaxBackoff || r.Cause != errDown {
+			t.Errorf("the first reminder says %d requests were served in %v, cause %v; want about 60 in a minute, %v", r.Served, r.For, r.Cause, errDown)
 		}
-		if n := logs.Count(slog.LevelError, "Redis unavailable"); n != 1 {
-			t.Errorf("%d records of the outage, want 1", n)
+		if trips := told.of(Tripped); len(trips) != 1 || trips[0].Bucket != "k" || trips[0].Cause != errDown {
+			t.Errorf("the outage was told as %+v, want once, of k", trips)
 		}
 		time.Sleep(2 * idle) // the probe stops
 	})
@@ -103,26 +104,33 @@ func TestBreakerBacksOffAndReminds(t *testing.T) {
 
 func TestBreakerCloses(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		br, ask, logs, asked := newTestBreaker(local, func(n int) error {
+		var openWhenAnswered []bool
+		var br *Breaker
+		br, ask, told, asked := newTestBreaker(func(n int) error {
+			openWhenAnswered = append(openWhenAnswered, br.Open())
 			if n < 4 {
 				return errDown
 			}
 			return nil
 		})
-		var order []string
-		br.cfg.Closing = func() error { order = append(order, "closing in "+modeNames[br.Mode()]); return nil }
-		br.cfg.Closed = func() { order = append(order, "closed in "+modeNames[br.Mode()]) }
+		var openWhenTold []bool
+		br.cfg.OnChange = func(c Change) { openWhenTold = append(openWhenTold, br.Open()); told.add(c) }
 		br.Trip("k", ask, errDown)
+		br.Served()
 		time.Sleep(time.Second)
 		synctest.Wait()
-		if br.Mode() != Closed || len(asked()) != 4 {
-			t.Fatalf("mode %v after %d questions, want closed after 4", br.Mode(), len(asked()))
+		if br.Open() || len(asked()) != 4 {
+			t.Fatalf("open %v after %d questions, want closed after 4", br.Open(), len(asked()))
 		}
-		if len(order) != 2 || order[0] != "closing in local" || order[1] != "closed in shared" {
-			t.Errorf("callbacks ran as %q", order)
+		if slices.Contains(openWhenAnswered, false) {
+			t.Errorf("the probe asked while the breaker was closed: %v", openWhenAnswered)
 		}
-		if logs.Count(slog.LevelInfo, "available again") != 1 {
-			t.Errorf("no record of the recovery:\n%s", logs)
+		rec := told.of(Recovered)
+		if len(rec) != 1 || rec[0].Served != 1 || rec[0].For != (50+100+200+400)*time.Millisecond {
+			t.Errorf("the recovery was told as %+v, want once, after 750ms, one request served", rec)
+		}
+		if openWhenTold[len(openWhenTold)-1] {
+			t.Error("the recovery was told before the breaker closed")
 		}
 	})
 }
@@ -132,24 +140,24 @@ func TestBreakerCloses(t *testing.T) {
 // nobody has checked since.
 func TestBreakerHalfOpensWhenIdle(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		br, ask, logs, asked := newTestBreaker(closed, func(int) error { return errDown })
+		br, ask, told, asked := newTestBreaker(func(int) error { return errDown })
 		br.Trip("k", ask, errDown)
 		time.Sleep(idle - time.Second)
-		if br.Mode() != closed {
-			t.Fatalf("mode %v before the probe's idle time, want the open mode", br.Mode())
+		if !br.Open() {
+			t.Fatal("closed before the probe's idle time")
 		}
 		time.Sleep(2 * time.Second)
 		synctest.Wait()
-		if br.Mode() != Closed || br.probing.Load() {
-			t.Fatalf("mode %v, probing %v after the idle time; want closed, no probe", br.Mode(), br.probing.Load())
+		if br.Open() || br.probing.Load() {
+			t.Fatalf("open %v, probing %v after the idle time; want closed, no probe", br.Open(), br.probing.Load())
 		}
 		n := len(asked())
 		time.Sleep(time.Hour)
 		if len(asked()) != n {
 			t.Errorf("the probe asked %d more times after it stopped", len(asked())-n)
 		}
-		if logs.Count(slog.LevelWarn, "the next one asks Redis") != 1 {
-			t.Errorf("no record of the half-open breaker:\n%s", logs)
+		if n := len(told.of(Idled)); n != 1 || len(told.of(Recovered)) != 0 {
+			t.Errorf("the half-open breaker was told %d times, want once, and no recovery", n)
 		}
 	})
 }

@@ -8,6 +8,50 @@ import (
 	"github.com/sharedquota/quota/internal/store"
 )
 
+// The kinds of announcement on the control channel.
+const (
+	Malformed = iota // none of the others: ignored
+	Changed          // a bucket's control record changed
+	Handed           // concurrency slots handed to waiters
+	GaveBack         // settles moved a bucket's queues back
+	Pushed           // takes of higher classes pushed a bucket's lower classes
+)
+
+// An Announcement is a message on the control channel, read (see Parse).
+type Announcement struct {
+	Kind int
+	Key  string // the bucket's first key
+	Body string // what the kind says of it
+}
+
+// Parse reads a message on the control channel: a bucket's key, whose
+// control record changed; "s <id>[=<grant>]...", a newline and a bucket's
+// key: the concurrency slots of that bucket handed to those waiters, with
+// the grants of their tokens (the body: the ids and grants); "b" and each
+// layer's "<suffix>=<µs>", a newline and a bucket's key: how far settles
+// have moved its layers' queues back (see Controls.GaveBack); or "p",
+// when, and each class's "<class>:<suffix>=<µs>", a newline and a
+// bucket's key: how far takes of higher classes have pushed its lower
+// classes' queues (see Controls.Pushed).
+func Parse(payload string) Announcement {
+	var kind int
+	switch {
+	case strings.HasPrefix(payload, "s "):
+		kind = Handed
+	case strings.HasPrefix(payload, "b "):
+		kind = GaveBack
+	case strings.HasPrefix(payload, "p "):
+		kind = Pushed
+	default:
+		return Announcement{Kind: Changed, Key: payload}
+	}
+	body, key, ok := strings.Cut(payload[2:], "\n")
+	if !ok {
+		return Announcement{}
+	}
+	return Announcement{Kind: kind, Key: key, Body: body}
+}
+
 // Announced reads again the record of the bucket whose first key is key,
 // announced on the control channel.
 func (c *Controls) Announced(key string) {

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"log/slog"
 	"os"
 	"strings"
 	"sync"
@@ -23,26 +24,32 @@ type Entry struct {
 	read  atomic.Int64 // when it was last read or tried, unix ns
 	used  atomic.Int64 // when it was last used, unix ns
 
-	passed Limit  // the first layer's Limit as the Limiter's callers pass it
-	layers string // the further layers' suffixes
+	passed Limit       // the first layer's Limit as the Limiter's callers pass it
+	layers string      // the further layers' suffixes
+	meter  string      // what the first layer meters, when each meters its own
+	k      int         // the layers
+	tally  tally       // what was granted, for the next read (grants.go)
+	news   atomic.Bool // the next read has news to tell (Tell)
+	mixed  atomic.Bool // a caller passed a first Limit other than passed
 
 	mu      sync.Mutex
 	reading chan struct{} // closed when the read in flight ends; nil when none
 	readErr error         // how the read last ended, for the callers that waited for it
 	stale   bool          // read again once the read in flight ends
 	waiters int           // callers sleeping or waiting on the bucket
+	told    []float64     // the learned rates last logged (learned.go)
 }
 
-// Override returns the Limit an operator set in place of the first
-// layer's, if any.
-
-// Rate returns the first layer's rate in force under st.
-func (e *Entry) Rate(st *State) float64 {
-	if st.hasOverride {
-		return st.override.Rate
-	}
-	return e.passed.Rate
+// Mixed reports whether lim, a caller's first Limit, is the first seen to
+// differ from the Limit the entry's first caller passed: true once per
+// entry.
+func (e *Entry) Mixed(lim Limit) bool {
+	return lim != e.passed && !e.mixed.Load() && e.mixed.CompareAndSwap(false, true)
 }
+
+// Passed returns the first layer's Limit as the entry's first caller
+// passed it.
+func (e *Entry) Passed() Limit { return e.passed }
 
 // Reading reports whether a read of e's record is in flight.
 func (e *Entry) Reading() bool {
@@ -64,6 +71,30 @@ type Controls struct {
 	m  map[string]*Entry
 
 	failed func(e *Entry, err error) // a read in the background failed; nil: nothing to tell
+
+	untold    map[*Entry]bool // entries whose grants their records were not told of (grants.go), under mu
+	reporting bool            // the reporter runs
+
+	linger func(key string) int // the slots held lingering of a bucket; nil: none
+	shared func() bool          // Redis serves the Limiter; nil: always
+	logger *slog.Logger         // tells of the learned rates; nil: nothing to tell
+	gauge  func(bucket, layer string, rate float64)
+}
+
+// OnRead has each read of a bucket's record tell it how many of the
+// bucket's slots the Limiter holds lingering, as linger counts them, and
+// has the reads that only tell (grants.go) wait while shared reports
+// false: a Limiter that Redis does not serve reads nothing of its own
+// accord. Call it before the first use.
+func (c *Controls) OnRead(linger func(key string) int, shared func() bool) {
+	c.linger, c.shared = linger, shared
+}
+
+func (c *Controls) lingering(key string) int {
+	if c.linger == nil {
+		return 0
+	}
+	return c.linger(key)
 }
 
 // OnFailure has f told of every read of a record in the background that
@@ -90,24 +121,23 @@ func New(s *store.Store, events *redisx.Listener) *Controls {
 	}
 }
 
-// Entry returns the control entry of the bucket called name whose
-// layers' keys are keys, the first the bucket's own, and whose callers pass passed for the
-// first layer, reading the record when it is not
+// Entry returns the control entry of bucket b, whose callers pass passed
+// for the first layer, reading the record when it is not
 // known well enough to grant by: when the Limiter has none, or does not
 // listen to announcements and read it more than Refresh ago. Only
 // one read of a record is in flight at once: callers that need it wait
 // for it. shared tells whether Redis is healthy; while it is not, the
 // entry is used as last read, and read when Redis is back. The error is
 // that of a read that failed.
-func (c *Controls) Entry(ctx context.Context, name string, keys []string, passed Limit, shared bool) (_ *Entry, sent bool, _ error) {
+func (c *Controls) Entry(ctx context.Context, b store.Bucket, passed Limit, shared bool) (_ *Entry, sent bool, _ error) {
 	now := time.Now().UnixNano()
 	listening := c.events.Use()
-	key := keys[0]
+	key := b.Keys[0]
 	c.mu.RLock()
 	e := c.m[key]
 	c.mu.RUnlock()
 	if e == nil {
-		e = c.add(name, keys, passed)
+		e = c.add(b, passed)
 		listening = false
 	}
 	redisx.Touch(&e.used, now)
@@ -132,12 +162,12 @@ func (c *Controls) Entry(ctx context.Context, name string, keys []string, passed
 	return e, sent, err
 }
 
-// add returns the entry of the bucket of keys, made and kept if there is
-// none, making room when maxControls are kept.
-func (c *Controls) add(name string, keys []string, passed Limit) *Entry {
+// add returns the entry of bucket b, made and kept if there is none,
+// making room when maxControls are kept.
+func (c *Controls) add(b store.Bucket, passed Limit) *Entry {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	key := keys[0]
+	keys, key := b.Keys, b.Keys[0]
 	if e := c.m[key]; e != nil {
 		return e
 	}
@@ -147,13 +177,16 @@ func (c *Controls) add(name string, keys []string, passed Limit) *Entry {
 	if len(c.m) >= maxControls {
 		c.evict()
 	}
-	e := &Entry{key: key, name: name, passed: passed}
+	e := &Entry{key: key, name: b.Name, passed: passed}
+	if b.Meters != nil {
+		e.meter = b.Meters[0]
+	}
 	e.state.Store(&State{replaced: make(chan struct{})})
 	var layers []string
 	for _, k := range keys[1:] {
 		layers = append(layers, strings.TrimPrefix(k, key))
 	}
-	e.layers = strings.Join(layers, " ")
+	e.layers, e.k = strings.Join(layers, " "), len(keys)
 	c.m[key] = e
 	return e
 }
@@ -166,6 +199,7 @@ func (c *Controls) evict() {
 	for k, e := range c.m {
 		if e.used.Load() < idle && !e.busy() {
 			delete(c.m, k)
+			delete(c.untold, e)
 		}
 	}
 	for k, e := range c.m {
@@ -174,6 +208,7 @@ func (c *Controls) evict() {
 		}
 		if !e.busy() {
 			delete(c.m, k)
+			delete(c.untold, e)
 		}
 	}
 }

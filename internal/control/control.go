@@ -73,6 +73,8 @@ type State struct {
 	pushes []int64
 	pushAt time.Time
 
+	learned []float64 // the rates the fleet learned, by layer, 0 for none (learned.go)
+
 	readAt   time.Time // when the read that made it was sent; zero: never read
 	serverAt int64     // the server's clock then, µs
 	replaced chan struct{}
@@ -157,13 +159,11 @@ func (st *State) ReadAt() time.Time { return st.readAt }
 // Replaced returns a channel closed once a newer read replaces st.
 func (st *State) Replaced() <-chan struct{} { return st.replaced }
 
-// Rate returns the first layer's rate in force under st.
-
 // stateOf turns the record r into a Limiter's state, its times moved to
 // the local clock as of sent, when the read was sent.
 func stateOf(r Record, sent time.Time) *State {
 	st := &State{replaced: make(chan struct{}), readAt: sent, serverAt: r.Now, source: r.Source,
-		ev: r.Ev, anchors: r.Anchors, pushes: r.Pushes}
+		ev: r.Ev, anchors: r.Anchors, pushes: r.Pushes, learned: r.Learned}
 	if r.Override != nil {
 		st.override, st.hasOverride = *r.Override, true
 	}

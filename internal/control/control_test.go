@@ -14,7 +14,7 @@ import (
 // server's clock, without overflowing a Duration.
 func TestRecordTimesStayInRange(t *testing.T) {
 	cmd := redis.NewCmd(context.Background())
-	cmd.SetVal([]any{"1000000", "", "", "1", "9223372036854775807", "", "", "", "", "1", "-9223372036854775808 0 1", ""})
+	cmd.SetVal([]any{"1000000", "", "", "1", "9223372036854775807", "", "", "1", "-9223372036854775808 0 1", "", ""})
 	r, err := store.ParseRecord(cmd)
 	if err != nil {
 		t.Fatal(err)
@@ -26,5 +26,22 @@ func TestRecordTimesStayInRange(t *testing.T) {
 	}
 	if due, _ := st.Due([]float64{0}, func(int) bool { return true }); st.Local(due).After(sent) || st.Local(due).Before(sent.Add(-101*365*24*time.Hour)) {
 		t.Errorf("an anchor at the start of int64 µs read as due %v", due)
+	}
+}
+
+func TestParse(t *testing.T) {
+	for _, c := range []struct {
+		payload string
+		want    Announcement
+	}{
+		{"quota:{a}", Announcement{Kind: Changed, Key: "quota:{a}"}},
+		{"s id1=5 id2\nquota:{a}", Announcement{Kind: Handed, Key: "quota:{a}", Body: "id1=5 id2"}},
+		{"b 7 1=2\nquota:{a}", Announcement{Kind: GaveBack, Key: "quota:{a}", Body: "7 1=2"}},
+		{"p 9 0:=3\nquota:{a}", Announcement{Kind: Pushed, Key: "quota:{a}", Body: "9 0:=3"}},
+		{"s id1", Announcement{}},
+	} {
+		if got := Parse(c.payload); got != c.want {
+			t.Errorf("Parse(%q) = %+v, want %+v", c.payload, got, c.want)
+		}
 	}
 }

@@ -29,10 +29,8 @@ func (c *Controls) Op(ctx context.Context, key string, op store.RecordOp) (Recor
 	if err != nil {
 		return Record{}, err
 	}
-	if op.Op != "status" {
-		if e := c.Lookup(key); e != nil {
-			_, _ = c.ReadNow(ctx, e)
-		}
+	if e := c.Lookup(key); e != nil {
+		_, _ = c.ReadNow(ctx, e)
 	}
 	return r, nil
 }

@@ -109,11 +109,15 @@ func (c *Controls) read(ctx context.Context, e *Entry) error {
 	for suffix := range strings.FieldsSeq(e.layers) {
 		keys = append(keys, e.key+suffix)
 	}
-	rec, err := c.store.Record(ctx, keys, store.RecordOp{Op: "read", ID: c.id, Limit: e.passed, Layers: e.layers})
+	e.news.Store(false)
+	grants, taken := e.tally.take()
+	rec, err := c.store.Record(ctx, keys, store.RecordOp{Op: "read", ID: c.id, Limit: e.passed, Layers: e.layers, Meter: e.meter, Grants: grants, Linger: c.lingering(e.key)})
 	if err != nil {
+		e.tally.give(taken)
 		return err
 	}
 	close(e.state.Swap(stateOf(rec, sent)).replaced)
+	c.learned(e, rec.Learned)
 	return nil
 }
 

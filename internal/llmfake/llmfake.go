@@ -4,14 +4,18 @@
 // A [Server] is an [http.Handler], meant to be served with
 // net/http/httptest. It answers either the Anthropic Messages API
 // (POST /v1/messages) or the OpenAI Chat Completions API
-// (POST /v1/chat/completions), meters every request against continuous
-// token buckets the way the providers document their limits, and refuses a
+// (POST /v1/chat/completions), or an Azure OpenAI deployment's or Amazon
+// Bedrock's, as [Azure] and [Bedrock] say (azure.go, bedrock.go), meters
+// every request against continuous token buckets the way the providers
+// document their limits, and refuses a
 // request that would take a meter below zero with 429 Too Many Requests and
 // a Retry-After header. Like the real providers it reports the tokens an
 // answer used only in the answer itself: in the usage object of the JSON
 // body, or in the events of a server-sent-event stream. It records every
 // request it admitted, so that tests can compute the rates a client
-// achieved.
+// achieved. Kind Gemini answers Google's Gemini API in its own format,
+// described in gemini.go: its 429 tells the wait in the error's RetryInfo
+// detail, not in a header.
 //
 // # Metering
 //
@@ -78,6 +82,17 @@ const (
 	Anthropic Kind = iota
 	// OpenAI is the OpenAI Chat Completions API: POST /v1/chat/completions.
 	OpenAI
+	// Gemini is Google's Gemini API: POST
+	// /v1beta/models/{model}:generateContent and :streamGenerateContent
+	// (see gemini.go).
+	Gemini
+	// Azure is an Azure OpenAI deployment's Chat Completions API (see
+	// azure.go): POST /openai/deployments/{deployment}/chat/completions.
+	Azure
+	// Bedrock is Amazon Bedrock's Converse, ConverseStream and
+	// InvokeModel APIs (see bedrock.go): POST /model/{modelId}/converse,
+	// /converse-stream and /invoke.
+	Bedrock
 )
 
 // Limits are the provider's limits, as continuous token buckets: Rate a
@@ -85,18 +100,25 @@ const (
 // tests scale them to seconds). A zero Rate is no limit on that meter.
 //
 // Anthropic uses Requests, InputTokens and OutputTokens; OpenAI uses
-// Requests and Tokens. The meters a kind does not use are ignored.
+// Requests and Tokens; Gemini uses Requests and InputTokens. The meters a
+// kind does not use are ignored.
 type Limits struct {
 	// Requests is charged one per request, for both kinds.
 	Requests Bucket
-	// InputTokens is charged the request's input tokens (Anthropic).
+	// InputTokens is charged the request's input tokens (Anthropic,
+	// Gemini).
 	InputTokens Bucket
 	// OutputTokens is charged max_tokens at admission and given back what
 	// the answer did not use when it ends (Anthropic).
 	OutputTokens Bucket
 	// Tokens is charged input + max_tokens at admission, never given back
-	// (OpenAI).
+	// (OpenAI, Azure); or input + max_tokens × OutputBurndown at
+	// admission, given back what the answer did not use when it ends
+	// (Bedrock).
 	Tokens Bucket
+	// OutputBurndown is how many tokens of Tokens an output token takes
+	// (Bedrock); 0 means 1.
+	OutputBurndown int
 }
 
 // Bucket is one meter's limit: a bucket that refills at Rate a second and
@@ -137,7 +159,7 @@ type Record struct {
 	Input   int       // input tokens counted
 	Max     int       // max_tokens asked
 	Output  int       // output tokens used
-	Charged int       // OpenAI: what the tokens meter was charged (input + max)
+	Charged int       // OpenAI, Azure: what the tokens meter was charged (input + max); Bedrock: input + output × burndown
 	Stream  bool      // whether the answer was a stream
 	Worker  string    // the request's X-Quota-Worker header
 }
@@ -245,17 +267,19 @@ type message struct {
 // "text" of content blocks), rounded up, plus 3 per message. Exported so
 // tests know the true count.
 //
-// The bytes of all messages are added up before rounding. Other fields,
-// such as Anthropic's top-level "system", do not count. A body that is not
-// a JSON object counts 0.
+// A Gemini request's contents count the same way: the text of their
+// parts, plus 3 per content. The bytes of all messages are added up
+// before rounding. Other fields, such as Anthropic's top-level "system",
+// do not count. A body that is not a JSON object counts 0.
 func InputTokens(body []byte) int {
 	var req struct {
-		Messages []message `json:"messages"`
+		Messages []message       `json:"messages"`
+		Contents []geminiContent `json:"contents"` // Gemini's
 	}
 	if json.Unmarshal(body, &req) != nil {
 		return 0
 	}
-	return countInput(req.Messages)
+	return countInput(req.Messages) + countContents(req.Contents)
 }
 
 // countInput counts the input tokens of messages, as [InputTokens] does.
@@ -312,9 +336,10 @@ type admission struct {
 	giveBack int // output tokens to give back when the answer ends
 
 	// A refused request.
-	retryAfter int    // seconds
-	by         string // the meter that refused
-	message    string // the error message
+	retryAfter int     // seconds
+	wait       float64 // seconds until the refill alone covers the charge
+	by         string  // the meter that refused
+	message    string  // the error message
 }
 
 // ServeHTTP answers one API request. A request to another path than the
@@ -328,17 +353,28 @@ type admission struct {
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	var path string
 	switch s.Kind {
+	case Gemini:
+		s.serveGemini(w, r)
+		return
 	case Anthropic:
 		path = "/v1/messages"
 	case OpenAI:
 		path = "/v1/chat/completions"
+	case Azure:
+		if !s.azureRoute(w, r) {
+			return
+		}
+		path = r.URL.Path
+	case Bedrock:
+		s.serveBedrock(w, r)
+		return
 	default:
 		http.Error(w, fmt.Sprintf("llmfake: unknown Kind %d", int(s.Kind)), http.StatusInternalServerError)
 		return
 	}
 	if r.URL.Path != path {
 		typ := "not_found_error"
-		if s.Kind == OpenAI {
+		if s.Kind != Anthropic {
 			typ = "invalid_request_error"
 		}
 		s.writeError(w, http.StatusNotFound, typ, "unknown_url", "Unknown request URL: "+r.Method+" "+r.URL.Path)
@@ -384,19 +420,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
-	// finish runs when the answer ends: right before its last byte is
-	// written, or at its planned end if the client went away before.
-	finish := func() {}
-	if a.giveBack > 0 {
-		var once sync.Once
-		give := func() { once.Do(func() { s.giveBackOutput(a.giveBack) }) }
-		timer := time.AfterFunc(time.Until(a.at.Add(s.Latency)), give)
-		finish = func() {
-			timer.Stop()
-			give()
-		}
-	}
-
+	finish := s.finisher(a)
 	includeUsage := req.StreamOptions != nil && req.StreamOptions.IncludeUsage
 	switch {
 	case s.Kind == Anthropic && req.Stream:
@@ -407,6 +431,22 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		s.stream(r.Context(), w, a, openAIEvents(a, req.Model, includeUsage), finish)
 	default:
 		s.answer(r.Context(), w, a, openAIBody(a, req.Model), finish)
+	}
+}
+
+// finisher returns what runs when the answer to a ends: right before its
+// last byte is written, or at its planned end if the client went away
+// before. It gives back the output a's answer did not use.
+func (s *Server) finisher(a admission) func() {
+	if a.giveBack <= 0 {
+		return func() {}
+	}
+	var once sync.Once
+	give := func() { once.Do(func() { s.giveBackOutput(a.giveBack) }) }
+	timer := time.AfterFunc(time.Until(a.at.Add(s.Latency)), give)
+	return func() {
+		timer.Stop()
+		give()
 	}
 }
 
@@ -425,8 +465,12 @@ func (s *Server) admit(input, maxTokens int, stream bool, worker string) admissi
 	switch s.Kind {
 	case Anthropic:
 		charges = []float64{1, float64(input), float64(maxTokens)}
-	case OpenAI:
+	case OpenAI, Azure:
 		charges = []float64{1, float64(input + maxTokens)}
+	case Gemini:
+		charges = []float64{1, float64(input)}
+	case Bedrock:
+		charges = []float64{1, float64(input + maxTokens*s.burndown())}
 	}
 
 	// Find the meter that would take longest to cover its charge.
@@ -449,6 +493,7 @@ func (s *Server) admit(input, maxTokens int, stream bool, worker string) admissi
 		s.refusedBy[short.name]++
 		a.by = short.name
 		a.retryAfter = int(math.Max(1, math.Min(math.Ceil(wait), math.MaxInt32)))
+		a.wait = wait
 		a.message = s.refusal(short, need, a.retryAfter)
 		a.headers = s.rateHeaders(now)
 		return a
@@ -461,12 +506,15 @@ func (s *Server) admit(input, maxTokens int, stream bool, worker string) admissi
 	}
 	a.ok = true
 	a.used = s.used(maxTokens)
-	if s.Kind == Anthropic && s.output.limited() {
-		a.giveBack = maxTokens - a.used
+	if s.output != nil && s.output.limited() {
+		a.giveBack = (maxTokens - a.used) * s.burndown()
 	}
 	rec := Record{At: now, Input: input, Max: maxTokens, Output: a.used, Stream: stream, Worker: worker}
-	if s.Kind == OpenAI {
+	switch s.Kind {
+	case OpenAI, Azure:
 		rec.Charged = input + maxTokens
+	case Bedrock:
+		rec.Charged = input + a.used*s.burndown()
 	}
 	s.records = append(s.records, rec)
 	a.headers = s.rateHeaders(now)
@@ -489,10 +537,18 @@ func (s *Server) start(now time.Time) {
 			mk("input_tokens", "input-tokens", s.Limits.InputTokens),
 			s.output,
 		}
-	case OpenAI:
+	case OpenAI, Azure, Bedrock:
 		s.meters = []*meter{
 			mk("requests", "requests", s.Limits.Requests),
 			mk("tokens", "tokens", s.Limits.Tokens),
+		}
+		if s.Kind == Bedrock {
+			s.output = s.meters[1] // Bedrock gives back to its one tokens meter
+		}
+	case Gemini:
+		s.meters = []*meter{
+			mk("requests", "requests", s.Limits.Requests),
+			mk("input_tokens", "input-tokens", s.Limits.InputTokens),
 		}
 	}
 }
@@ -524,6 +580,9 @@ func splitmix64(x uint64) uint64 {
 // refusal is the error message of a 429 refused by meter m, which was short
 // of need. s.mu is held.
 func (s *Server) refusal(m *meter, need float64, retryAfter int) string {
+	if s.Kind == Gemini {
+		return geminiRefusal(m, need)
+	}
 	if s.Kind == OpenAI {
 		return fmt.Sprintf("Rate limit reached on %s: Limit %g, Remaining %d, Requested %g. Please try again in %ds.",
 			m.name, m.Burst, int(math.Floor(math.Max(0, m.level))), need, retryAfter)
@@ -532,7 +591,8 @@ func (s *Server) refusal(m *meter, need float64, retryAfter int) string {
 		m.Burst, strings.ReplaceAll(m.name, "_", " "), m.Rate, int(math.Floor(math.Max(0, m.level))), need, retryAfter)
 }
 
-// giveBackOutput returns n tokens to Anthropic's output-tokens meter.
+// giveBackOutput returns n tokens to Anthropic's output-tokens meter, or
+// Bedrock's tokens meter.
 func (s *Server) giveBackOutput(n int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -565,7 +625,7 @@ func (s *Server) rateHeaders(now time.Time) http.Header {
 			h.Set(p+"-limit", limit)
 			h.Set(p+"-remaining", remaining)
 			h.Set(p+"-reset", ceilMillis(now.Add(reset)).UTC().Format("2006-01-02T15:04:05.000Z07:00"))
-		case OpenAI:
+		case OpenAI, Azure:
 			h.Set("x-ratelimit-limit-"+m.header, limit)
 			h.Set("x-ratelimit-remaining-"+m.header, remaining)
 			h.Set("x-ratelimit-reset-"+m.header, ceilDuration(reset).String())
@@ -599,14 +659,25 @@ func ceilDuration(d time.Duration) time.Duration {
 
 // requestID is the request id header's name and value for answer seq.
 func (s *Server) requestID(seq uint64) (string, string) {
-	if s.Kind == OpenAI {
+	switch s.Kind {
+	case OpenAI, Azure:
 		return "x-request-id", fmt.Sprintf("req_%016x", seq)
+	case Bedrock:
+		return "x-amzn-RequestId", fmt.Sprintf("00000000-0000-4000-8000-%012x", seq)
 	}
 	return "request-id", fmt.Sprintf("req_%016x", seq)
 }
 
 // refuse writes the 429 answer to a refused request.
 func (s *Server) refuse(w http.ResponseWriter, a admission) {
+	switch s.Kind {
+	case Azure:
+		s.refuseAzure(w, a)
+		return
+	case Bedrock:
+		s.refuseBedrock(w, a)
+		return
+	}
 	h := w.Header()
 	copyHeader(h, a.headers)
 	k, v := s.requestID(a.seq)
@@ -625,7 +696,7 @@ func (s *Server) refuse(w http.ResponseWriter, a admission) {
 // errors have no code.
 func (s *Server) writeError(w http.ResponseWriter, status int, typ, code, msg string) {
 	var body []byte
-	if s.Kind == OpenAI {
+	if s.Kind != Anthropic {
 		type detail struct {
 			Message string  `json:"message"`
 			Type    string  `json:"type"`
@@ -683,6 +754,11 @@ func (s *Server) answer(ctx context.Context, w http.ResponseWriter, a admission,
 // over the server's Latency, the first at admission and the last at the
 // end, flushing after each. It stops when the client goes away.
 func (s *Server) stream(ctx context.Context, w http.ResponseWriter, a admission, events [][]byte, finish func()) {
+	s.streamAs(ctx, w, a, "text/event-stream", events, finish)
+}
+
+// streamAs is stream with the Content-Type contentType.
+func (s *Server) streamAs(ctx context.Context, w http.ResponseWriter, a admission, contentType string, events [][]byte, finish func()) {
 	flusher, _ := w.(http.Flusher)
 	flush := func() {
 		if flusher != nil {
@@ -693,7 +769,9 @@ func (s *Server) stream(ctx context.Context, w http.ResponseWriter, a admission,
 	copyHeader(h, a.headers)
 	k, v := s.requestID(a.seq)
 	h.Set(k, v)
-	h.Set("Content-Type", "text/event-stream")
+	if h.Get("Content-Type") == "" { // Gemini's JSON array sets its own
+		h.Set("Content-Type", contentType)
+	}
 	h.Set("Cache-Control", "no-cache")
 	w.WriteHeader(http.StatusOK)
 	flush()

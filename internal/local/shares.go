@@ -1,8 +1,9 @@
 // Package local keeps what a Limiter does in its own process under
 // FallbackLocal: each bucket's local share of the rate and of the
-// concurrency slots while Redis is unavailable, what the process last saw
-// of each bucket's queue, the fleet's roll call of workers, and the
-// instant the fleet returns to the shared bucket.
+// concurrency slots while Redis is unavailable, the reservations its
+// callers make of them, what the process last saw of each bucket's
+// queue, the fleet's roll call of workers, the instant the fleet returns
+// to the shared bucket, and the hand-over of the shares to it then.
 package local
 
 import (
@@ -13,14 +14,12 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/sharedquota/quota/internal/store"
 	"golang.org/x/time/rate"
 )
 
 // A Limit is a bucket's rate, tokens a second, and burst.
-type Limit struct {
-	Rate  float64
-	Burst float64
-}
+type Limit = store.Limit
 
 // ErrFull reports that a process serves as many local buckets as it may.
 var ErrFull = errors.New("too many buckets use their local share")
@@ -140,12 +139,12 @@ func (ls *Shares) Ahead(key string) time.Duration {
 	return max(time.Unix(0, q.due.Load()).Sub(now), time.Duration(q.wait.Load()), 0)
 }
 
-// Get returns the local limiter for the layer under key of the bucket
+// get returns the local limiter for the layer under key of the bucket
 // named name, whose first key is first, at lim divided by workers. A new
 // one starts empty and owes the tokens that accrue until the fleet's
 // shared grants have fallen due. It fails with ErrFull when
 // maxLocalBuckets limiters hold tokens.
-func (ls *Shares) Get(name, first, key string, lim Limit, workers int) (*rate.Limiter, error) {
+func (ls *Shares) get(name, first, key string, lim Limit, workers int) (*rate.Limiter, error) {
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
 	if l, ok := ls.m[key]; ok && l.lim == lim && l.workers == workers {
@@ -179,6 +178,59 @@ func (ls *Shares) Get(name, first, key string, lim Limit, workers int) (*rate.Li
 	}
 	ls.m[key] = &localLimiter{name: name, first: first, lim: lim, workers: workers, Limiter: rl}
 	return rl, nil
+}
+
+// A Reservation is what one request reserved of its bucket's local
+// shares, a layer each.
+type Reservation struct {
+	rs    []*rate.Reservation
+	at    time.Time
+	Delay time.Duration // until the last of them falls due
+}
+
+// Reserve reserves n of bucket b, rounded up to whole tokens, from this
+// process's local share of each of its layers, at the layer's Limit
+// divided by workers; a layer asked nothing is left alone, and so is a
+// daily layer, a count of the day that the shares know nothing of. It
+// reserves nothing and fails with ErrFull, or when a layer's share of the
+// burst is less than asked.
+func (ls *Shares) Reserve(b store.Bucket, n store.Cost, workers int) (*Reservation, error) {
+	r := &Reservation{at: time.Now()}
+	for i, lim := range b.Lims {
+		tokens := int(math.Ceil(n.Of(i)))
+		if tokens == 0 || lim.Zone != nil {
+			continue // a meter asked nothing, or a daily count
+		}
+		rl, err := ls.get(b.Name, b.Keys[0], b.Keys[i], lim, workers)
+		if err != nil {
+			r.Undo()
+			return nil, err
+		}
+		if tokens > rl.Burst() {
+			r.Undo()
+			return nil, fmt.Errorf("%d tokens exceed this worker's local share of the burst, %d", tokens, rl.Burst())
+		}
+		rr := rl.ReserveN(r.at, tokens)
+		r.rs = append(r.rs, rr)
+		r.Delay = max(r.Delay, rr.DelayFrom(r.at))
+	}
+	return r, nil
+}
+
+// Undo hands the reservation back as if it had never been made: its
+// caller does not wait for it.
+func (r *Reservation) Undo() {
+	for _, rr := range r.rs {
+		rr.CancelAt(r.at)
+	}
+}
+
+// Cancel hands back what the reservation holds that is not yet due: its
+// caller stopped waiting.
+func (r *Reservation) Cancel() {
+	for _, rr := range r.rs {
+		rr.Cancel()
+	}
 }
 
 // Shares returns every local limiter's tokens now.

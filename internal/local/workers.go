@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"os"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -48,8 +49,7 @@ type Workers struct {
 // the server's).
 func (f *Workers) Count(rdb redis.Scripter, prefix string, now func() time.Time) {
 	f.script = redisx.NewScript(rdb, workersSource)
-	// Bucket keys are the prefix and a brace, so this key is none of them.
-	f.key = prefix + "workers"
+	f.key = prefix + workersKey
 	f.clock = now
 	host, _ := os.Hostname()
 	var b [6]byte
@@ -93,6 +93,24 @@ func (f *Workers) Divisor(floor int) int {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return max(floor, f.peak)
+}
+
+// workersKey, after the prefix, is the roll call's key. Bucket keys are
+// the prefix and a brace, so it is none of them.
+const workersKey = "workers"
+
+// Alive returns how many Limiters that share rdb and prefix were alive at
+// now (µs, on the server's clock) by the roll call; 0 when no Limiter
+// counts workers, or rdb cannot count them.
+func Alive(ctx context.Context, rdb redis.Scripter, prefix string, now int64) (int, error) {
+	z, ok := rdb.(interface {
+		ZCount(ctx context.Context, key, min, max string) *redis.IntCmd
+	})
+	if !ok {
+		return 0, nil
+	}
+	n, err := z.ZCount(ctx, prefix+workersKey, strconv.FormatInt(now/1000, 10), "+inf").Result()
+	return int(n), err
 }
 
 // callTimeout bounds the package's calls to Redis, which run in the

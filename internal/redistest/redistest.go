@@ -98,25 +98,8 @@ type Server struct {
 	settle func() error
 
 	mu     sync.Mutex
-	proc   *process // nil when not running
+	proc   *Proc // nil when not running
 	paused bool
-}
-
-// process is one launch of a server binary.
-type process struct {
-	cmd    *exec.Cmd
-	exited chan struct{} // closed once cmd.Wait has returned
-	err    error         // result of cmd.Wait, valid after exited is closed
-}
-
-// running reports whether the process has not exited yet.
-func (p *process) running() bool {
-	select {
-	case <-p.exited:
-		return false
-	default:
-		return true
-	}
 }
 
 // Start starts a redis-server on a free loopback port and waits until it
@@ -200,7 +183,7 @@ func (s *Server) startFresh() {
 func (s *Server) cleanup() {
 	if s.tb.Failed() {
 		s.tb.Logf("redistest: %s %s, last lines of %s:\n%s",
-			filepath.Base(s.bin), s.Addr(), s.log, tail(readFrom(s.log, 0), logTailLines))
+			filepath.Base(s.bin), s.Addr(), s.log, LogTail(s.log, logTailLines))
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -304,13 +287,13 @@ func (s *Server) Pause() {
 	s.tb.Helper()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.proc == nil || !s.proc.running() {
+	if s.proc == nil || !s.proc.Running() {
 		s.tb.Fatalf("redistest: pausing %s: server is not running", s.addrLocked())
 	}
 	if s.paused {
 		return
 	}
-	if err := stopProcess(s.proc.cmd.Process); err != nil {
+	if err := stopProcess(s.proc.Cmd.Process); err != nil {
 		s.tb.Fatalf("redistest: pausing %s: %v", s.addrLocked(), err)
 	}
 	s.paused = true
@@ -331,7 +314,7 @@ func (s *Server) Resume() {
 func (s *Server) Running() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.proc != nil && s.proc.running()
+	return s.proc != nil && s.proc.Running()
 }
 
 // Paused reports whether the server is stopped by [Server.Pause].
@@ -349,8 +332,8 @@ func (s *Server) resumeLocked() error {
 	if !s.paused {
 		return nil
 	}
-	if s.proc != nil && s.proc.running() {
-		if err := continueProcess(s.proc.cmd.Process); err != nil {
+	if s.proc != nil && s.proc.Running() {
+		if err := continueProcess(s.proc.Cmd.Process); err != nil {
 			return fmt.Errorf("resuming %s: %w", s.addrLocked(), err)
 		}
 	}
@@ -368,17 +351,17 @@ func (s *Server) killLocked() error {
 		return err
 	}
 	s.proc = nil
-	if !p.running() {
+	if !p.Running() {
 		return nil
 	}
-	if err := p.cmd.Process.Kill(); err != nil && !errors.Is(err, os.ErrProcessDone) {
+	if err := p.Cmd.Process.Kill(); err != nil && !errors.Is(err, os.ErrProcessDone) {
 		return fmt.Errorf("killing %s: %w", s.addrLocked(), err)
 	}
 	select {
-	case <-p.exited:
+	case <-p.Exited():
 		return nil
 	case <-time.After(killTimeout):
-		return fmt.Errorf("killing %s: process %d did not exit within %v", s.addrLocked(), p.cmd.Process.Pid, killTimeout)
+		return fmt.Errorf("killing %s: process %d did not exit within %v", s.addrLocked(), p.Cmd.Process.Pid, killTimeout)
 	}
 }
 
@@ -392,28 +375,10 @@ func (s *Server) launchLocked(port int) error {
 	if err != nil {
 		return err
 	}
-	logf, err := os.OpenFile(s.log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	p, err := Launch("redistest", s.bin, args, s.dir, s.log)
 	if err != nil {
 		return err
 	}
-	start, _ := logf.Seek(0, io.SeekEnd)
-	fmt.Fprintf(logf, "=== redistest: %s %s\n", s.bin, strings.Join(quoteArgs(args), " "))
-
-	cmd := exec.Command(s.bin, args...)
-	cmd.Dir = s.dir
-	cmd.Stdout = logf
-	cmd.Stderr = logf
-	cmd.SysProcAttr = sysProcAttr()
-	err = cmd.Start()
-	logf.Close()
-	if err != nil {
-		return err
-	}
-	p := &process{cmd: cmd, exited: make(chan struct{})}
-	go func() {
-		p.err = cmd.Wait()
-		close(p.exited)
-	}()
 	s.port = port
 	s.proc = p
 	s.paused = false
@@ -421,22 +386,22 @@ func (s *Server) launchLocked(port int) error {
 	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
 	deadline := time.Now().Add(startTimeout)
 	for {
-		if !p.running() {
+		if !p.Running() {
 			s.proc = nil
-			out := readFrom(s.log, start)
-			err := fmt.Errorf("%s exited before answering PING (%v); log:\n%s", addr, p.err, tail(out, 40))
+			out := p.Output()
+			err := fmt.Errorf("%s exited before answering PING (%v); log:\n%s", addr, p.Err(), Tail(out, 40))
 			if bytes.Contains(out, []byte("Address already in use")) ||
 				bytes.Contains(out, []byte("Failed listening on port")) {
 				err = fmt.Errorf("%w: %w", errPortInUse, err)
 			}
 			return err
 		}
-		if pingRaw(addr, cmd.Process.Pid) == nil {
+		if pingRaw(addr, p.Cmd.Process.Pid) == nil {
 			return nil
 		}
 		if time.Now().After(deadline) {
 			_ = s.killLocked()
-			return fmt.Errorf("%s did not answer PING within %v; log:\n%s", addr, startTimeout, tail(readFrom(s.log, start), 40))
+			return fmt.Errorf("%s did not answer PING within %v; log:\n%s", addr, startTimeout, Tail(p.Output(), 40))
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -483,29 +448,6 @@ func pingRaw(addr string, pid int) error {
 	return nil
 }
 
-// readFrom returns the content of the file at path from offset on.
-func readFrom(path string, offset int64) []byte {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil
-	}
-	defer f.Close()
-	if _, err := f.Seek(offset, io.SeekStart); err != nil {
-		return nil
-	}
-	b, _ := io.ReadAll(f)
-	return b
-}
-
-// tail returns the last n lines of b.
-func tail(b []byte, n int) string {
-	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
-}
-
 // quoteArgs quotes empty and blank-containing arguments for the log.
 func quoteArgs(args []string) []string {
 	out := make([]string, len(args))
@@ -549,21 +491,30 @@ func Main(m *testing.M) int {
 	code := m.Run()
 	n := 0
 	skipped.Range(func(any, any) bool { n++; return true })
-	if n > 0 {
-		var w io.Writer = os.Stderr
-		if tty, err := os.OpenFile("/dev/tty", os.O_WRONLY, 0); err == nil {
-			defer tty.Close()
-			w = tty
-		}
-		fmt.Fprintf(w, "\n"+
-			"**********************************************************************\n"+
-			"  %d test(s) SKIPPED: they need redis-server, which is not on PATH.\n"+
-			"  Nothing they check was checked. To run them: %s,\n"+
-			"  or run make test, which installs it on Debian.\n"+
-			"**********************************************************************\n\n",
-			n, serverInstallHint())
-	}
+	Skipped(n, "redis-server", serverInstallHint())
 	return code
+}
+
+// Skipped tells, when n is above zero, that n tests were skipped for want
+// of tool, and how to install it (hint): on the terminal when there is
+// one, since go test ./... shows nothing of a package that passed but its
+// summary line, and to stderr otherwise.
+func Skipped(n int, tool, hint string) {
+	if n == 0 {
+		return
+	}
+	var w io.Writer = os.Stderr
+	if tty, err := os.OpenFile("/dev/tty", os.O_WRONLY, 0); err == nil {
+		defer tty.Close()
+		w = tty
+	}
+	fmt.Fprintf(w, "\n"+
+		"**********************************************************************\n"+
+		"  %d test(s) SKIPPED: they need %s, which is not on PATH.\n"+
+		"  Nothing they check was checked. To run them: %s,\n"+
+		"  or run make test, which installs it on Debian.\n"+
+		"**********************************************************************\n\n",
+		n, tool, hint)
 }
 
 // serverInstallHint tells how to install redis-server and redis-cli.
@@ -651,6 +602,20 @@ func releasePort(p int) {
 		closeLock(portReserved[q])
 		delete(portReserved, q)
 	}
+}
+
+// ReservePort reserves a free loopback port for a server that another
+// package's test helper starts (nginxtest's), against the servers of this
+// package and those of the other test binaries using it, as the ports of
+// [Start] are (see Port allocation above), with the port 10000 above it,
+// which a cluster node would use as its bus port. release gives both back;
+// the reservation also ends with the process.
+func ReservePort() (port int, release func(), err error) {
+	port, err = reservePort()
+	if err != nil {
+		return 0, nil, err
+	}
+	return port, func() { releasePort(port) }, nil
 }
 
 // lockPort locks port's file in portLockDir. It reports false if another

@@ -1,7 +1,9 @@
-// Package request wraps the body of a response so that it tells how the
-// response ended (read to the end, closed early, failed, or garbage
-// collected unclosed), for the concurrency slot its request holds, and
-// keeps the response times the linger of a slot follows.
+// Package request names a request's host (quota.Host), reads a
+// request's body whole, for a metered Transport's estimate, wraps the
+// body of a response so that it tells how the response ended (read to the
+// end, closed early, failed, or garbage collected unclosed), for the
+// concurrency slot its request holds, and keeps the response times the
+// linger of a slot follows.
 package request
 
 import (

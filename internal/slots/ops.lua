@@ -54,9 +54,7 @@ elseif op == 'cancel' then
     end
   end
   holding = holding - count
-  if count > 0 then
-    dispatch()
-  end
+  dispatch() -- the slots it released, and those released riding on it
   reply = count
 elseif op == 'renew' then
   local a, b = tonumber(ARGV[x]), tonumber(ARGV[x + 1])

@@ -4,6 +4,8 @@ import (
 	"context"
 	"slices"
 	"time"
+
+	"github.com/sharedquota/quota/internal/obs"
 )
 
 // InUse marks the slot id of set in use: its work has begun.
@@ -69,11 +71,14 @@ func (s *Slots) Confirm(ctx context.Context, set *Set, id string) (bool, error) 
 	return false, nil
 }
 
-// checked tells of a lease checked before its slot's first use.
+// checked counts a lease checked before its slot's first use: renewed
+// (kept), or found ended.
 func (s *Slots) checked(set *Set, kept bool) {
-	if s.told.Checked != nil {
-		s.told.Checked(set.name, kept)
+	event := obs.Lapsed
+	if kept {
+		event = obs.Renewed
 	}
+	s.obs.SlotEvent(set.name, event, 1)
 }
 
 // forget drops the waiter id, which holds nothing.

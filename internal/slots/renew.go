@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sharedquota/quota/internal/obs"
 	"github.com/sharedquota/quota/internal/redisx"
 )
 
@@ -61,8 +62,8 @@ func (s *Slots) granted(set *Set, ids []string, taken []Taken, since time.Time) 
 		}
 	}
 	s.mu.Unlock()
-	if count > 0 && s.told.Handed != nil {
-		s.told.Handed(set.name, count)
+	if count > 0 {
+		s.obs.SlotEvent(set.name, obs.Handed, count)
 	}
 }
 
@@ -247,8 +248,10 @@ func (s *Slots) renewOnce(ctx context.Context, set *Set) (hint time.Duration, em
 	if len(orphans) > 0 {
 		s.release(set, orphans...)
 	}
-	if registered > 0 && s.told.Registered != nil {
-		s.told.Registered(set.name, registered)
+	if registered > 0 {
+		// Slots in use here that Redis did not hold (granted by the
+		// policy, or lost by Redis) are held in Redis again.
+		s.obs.SlotEvent(set.name, obs.Registered, registered)
 	}
 	if again > 0 && s.logger != nil {
 		s.logger.LogAttrs(context.Background(), slog.LevelWarn,

@@ -7,7 +7,8 @@
 // the process's next call for the bucket.
 // It also keeps the slots a policy grants while Redis is unavailable, in
 // the same count as those Redis granted, and registers them in Redis when
-// it answers again.
+// it answers again; and it holds each slot for its caller until released
+// (Held), reporting the slots held and what becomes of them.
 package slots
 
 import (
@@ -25,6 +26,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/sharedquota/quota/internal/obs"
 	"github.com/sharedquota/quota/internal/pending"
 	"github.com/sharedquota/quota/internal/redisx"
 )
@@ -95,7 +97,8 @@ type Slots struct {
 	id       string        // this Limiter's, the prefix of its ids
 	seq      atomic.Uint64
 	logger   *slog.Logger
-	told     Events
+	obs      *obs.Obs
+	onLinger func(key string) // told of a change in the slots held lingering
 
 	// sends counts the releases and cancellations not yet sent, or
 	// under way: Flush waits for them.
@@ -116,7 +119,7 @@ type Options struct {
 	Clock   func() time.Time // the callers' clock; nil: the server's
 	Lease   time.Duration    // of each slot and each waiter
 	Logger  *slog.Logger     // for the slots Redis lost; nil: none
-	Told    Events           // what the slots do, for the metrics
+	Obs     *obs.Obs         // reports the slots held and what becomes of them
 	// Bucket is the source of the take's script (internal/store's
 	// TakeSource: the take's parts alone), which the slot operations run
 	// to take a caller's tokens with its slot.
@@ -141,18 +144,6 @@ type Take struct {
 // the grant of a hand-off was lost), which its holder then takes itself.
 type Taken []int64
 
-// Events are told what the slots do, for the metrics. Each may be nil.
-type Events struct {
-	// Handed: n slots were handed to waiters here by a release.
-	Handed func(name string, n int)
-	// Checked: a slot's lease was renewed before its first use (kept), or
-	// found ended.
-	Checked func(name string, kept bool)
-	// Registered: n slots in use here that Redis did not hold (granted by
-	// the policy, or lost by Redis) are held in Redis again.
-	Registered func(name string, n int)
-}
-
 // A Set is what a Limiter holds of one bucket's slots and waits for.
 type Set struct {
 	name     string   // the bucket's, for the logs
@@ -166,6 +157,7 @@ type Set struct {
 	local    []*waiter                // for a slot of the share, in order
 	cause    error                    // why the waiters were last abandoned
 	renewing bool                     // the renewal loop runs
+	lingers  int                      // slots held lingering (Held.Linger)
 	released []string                 // ids released here, to ride on the next call
 	flushing bool                     // a call to send them alone is due
 	call     atomic.Pointer[[]string] // keys, then the last take's keys
@@ -228,7 +220,7 @@ func New(rdb redis.Scripter, events *redisx.Listener, o Options) *Slots {
 		rejoin:   o.Rejoin,
 		id:       hex.EncodeToString(id[:]),
 		logger:   o.Logger,
-		told:     o.Told,
+		obs:      o.Obs,
 	}
 }
 

@@ -238,3 +238,33 @@ func TestQueueByClass(t *testing.T) {
 		t.Errorf("d does not hold the slot: %v", err)
 	}
 }
+
+// TestReleasesRidingOnACancelHandOn: a process's releases ride on its next
+// call, whatever it is; a cancel that carries one hands the freed slot to
+// the queue's head, as a release does, though the cancelled waiter held
+// nothing.
+func TestReleasesRidingOnACancelHandOn(t *testing.T) {
+	rdb := redistest.Start(t).Client(t)
+	ctx := context.Background()
+	key := "quota:{riding}"
+	keys := []string{key + HeldSuffix, key + WaitingSuffix, key + QueueSuffix, key + TakesSuffix}
+	script := redisx.NewScript(rdb, Source(""))
+	run := func(op string, released []string, ids ...string) {
+		t.Helper()
+		args := []any{op, 1, time.Minute.Microseconds(), "", "", len(released)}
+		for _, id := range append(released, ids...) {
+			args = append(args, id)
+		}
+		cmd, _ := script.Run(ctx, keys, args...)
+		if err := cmd.Err(); err != nil {
+			t.Fatal(op, err)
+		}
+	}
+	run("acquire", nil, "holder")
+	run("acquire", nil, "waiter")
+	run("acquire", nil, "quitter")
+	run("cancel", []string{"holder"}, "quitter")
+	if err := rdb.ZScore(ctx, keys[0], "waiter").Err(); err != nil {
+		t.Errorf("the slot a cancel's riding release freed was not handed on: %v", err)
+	}
+}

@@ -41,7 +41,7 @@ local commit = 100000 -- µs
 -- field.
 local tails, pushes, clocks
 local classesDirty = false
-local loadClasses, clockField, pushClock, moveTails, saveClasses, pushList, push, announcePushes
+local loadClasses, clockField, pushClock, rank, moveTails, saveClasses, pushList, push, announcePushes
 -- They are made for a call on a bucket that priority classes took from,
 -- or one that uses them (core.lua's uses): a call that needs none makes
 -- none.
@@ -84,6 +84,45 @@ if pmax > 0 or uses ~= 'plain' then
       clocks[field] = tonumber(redis.call('HGET', ctl, field)) or -math.huge
     end
     return math.max(clocks[field], now - commit)
+  end
+  -- rank places a take of class c, above 0, that takes n[i] from layer
+  -- i of the layers' queue (script.lua's queue): it reads the minimum
+  -- shares of the classes below c from list (a take's, see script.lua)
+  -- and returns them, shares[j] class j's; how long the take waits for
+  -- the push clock of a class whose share it would push past to be back
+  -- to now (crowded, -math.huge for none; see Minimum shares); and
+  -- from[i], where the take queues in layer i, as a tat: behind the
+  -- classes at and above its own, and what is committed. (A take of class
+  -- 0 queues behind every class, at the layers' queue.)
+  function rank(c, list, n, queue)
+    loadClasses(c)
+    local shares, j = {}, 0
+    for m in string.gmatch(list, '%S+') do
+      if j < c then
+        shares[j] = tonumber(m)
+      end
+      j = j + 1
+    end
+    local crowded = -math.huge
+    for j = 0, c - 1 do
+      local m = shares[j]
+      if m and m > 0 and m < 1 then
+        for i = 1, k do
+          local t = queue[i]
+          if j > 0 then
+            t = tails[j][i] or now
+          end
+          if n[i] > 0 and t > now + fulls[i] + commit then
+            crowded = math.max(crowded, pushClock(j, i) - now)
+          end
+        end
+      end
+    end
+    local from = {}
+    for i = 1, k do
+      from[i] = math.max(tails[c][i] or now, math.min(queue[i], now + fulls[i] + commit))
+    end
+    return shares, crowded, from
   end
   -- moveTails sets each tail of layer i to g(tail), as a pause or a
   -- give-back moves the layer's queue.

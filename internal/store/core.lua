@@ -1,13 +1,15 @@
 -- quota: a bucket in Redis, its token layers and its control record. This
--- is the core every script of the bucket shares. Each script is the
--- prelude (internal/redisx), this core, the parts it needs and its own
--- body, joined in that order (internal/store's scripts.go), and is loaded
--- as a script of its own:
---   script.lua  the take: core, classes, timeline, tenants, script;
---   update.lua  refund, probe, pause, lower, adjust and resuming: core,
---               classes, timeline, tenants, update;
---   record.lua  the control record's operations: core, classes,
---               timeline, record.
+-- is the core every script of the bucket shares, with layers.lua, which
+-- reads the layers. Each script is the prelude (internal/redisx), this
+-- core, the parts it needs and its own body, joined in that order
+-- (internal/store's scripts.go), and is loaded as a script of its own:
+--   script.lua  the take: core, plain, layers, daily, classes,
+--               timeline, tenants, script;
+--   update.lua  refund, probe, pause, lower, adjust, resuming and refuse:
+--               core, layers, daily, classes, timeline, learn, tenants,
+--               update;
+--   record.lua  the control record's operations: core, layers, daily,
+--               classes, timeline, learn, record.
 -- Each body's header is its contract: its KEYS, its ARGV, named as locals
 -- at its top, and its reply.
 --
@@ -23,7 +25,8 @@
 -- minute): one key per layer, all in the bucket's hash slot, checked and
 -- taken together, all or nothing. A bucket may also meter several things
 -- at once, one layer each: a request then takes its own amount from each,
--- all or nothing, with the wait of the slowest.
+-- all or nothing, with the wait of the slowest. A daily layer counts
+-- tokens a day instead (see daily.lua).
 --
 -- The control record, a hash beside the layers, holds what changes how the
 -- bucket is taken, whoever set it:
@@ -52,9 +55,15 @@
 --                 last>" (see tenants.lua);
 --   seen          the first layer's Limit the Limiters last passed,
 --                 "<rate> <burst>"; layers, the further layers' key
---                 suffixes; u:<id>, a Limiter that used the bucket lately,
---                 until when (ms); users, how many u: fields the last
---                 sweep left (see record.lua).
+--                 suffixes; meter, what the first layer meters when each
+--                 meters its own; u:<id>, a Limiter that used the bucket
+--                 lately, until when (ms), and the slots it holds
+--                 lingering, if any; users, how many u: fields the
+--                 last sweep left; h:<sfx>, what the layer granted in each
+--                 of the last seconds (see record.lua's tally);
+--   learn, l:<sfx>, m:<sfx>
+--                 the rates the fleet learned of the provider's real
+--                 limit, by layer (see learn.lua).
 --
 -- Every script's KEYS begin with the layers' keys, KEYS[1..k], the first
 -- layer's being the bucket's key, then the control record, KEYS[k+1]; an
@@ -72,7 +81,8 @@
 -- local of the script it reads): each part makes its functions only for
 -- the calls that may need them (a bucket whose record says so, a call
 -- that uses them, a kind of call), so that a take that uses nothing
--- beyond the core makes none.
+-- beyond the core makes none; and the commonest take, served by
+-- plain.lua, reads nothing beyond what it needs.
 
 local op = ARGV[1]
 local now = clock(ARGV[2]) -- the prelude's (internal/redisx)
@@ -83,105 +93,28 @@ if op == 'adjust' then
 end
 local ctl = KEYS[k + 1]
 
--- The pause, the override and the resume, as every operation needs them.
--- (A field is converted only when the record holds it, false otherwise:
--- most hold none of them, and each conversion is a call.)
-local f = redis.call('HMGET', ctl, 'since', 'until', 'shifted', 'rate', 'burst', 'resume', 'pmax')
-local since, untilv, shifted = f[1] and tonumber(f[1]) or nil, f[2], f[3] and tonumber(f[3]) or 0
--- After an outage, the instant the fleet leaves its local shares
--- (resuming): until then no take is granted, whether or not its Limiter
--- saw the outage.
-local resuming = f[6] and tonumber(f[6]) or nil
-resuming = resuming ~= nil and resuming > now
-local forever = untilv == 'forever'
-local ends = untilv and tonumber(untilv) or nil -- nil while forever
-local paused = since ~= nil and (forever or ends > now)
-local pmax = f[7] and tonumber(f[7]) or 0
-
--- The layers: tats[i], rates[i] and fulls[i], the µs layer i takes to
--- fill from empty. Times are in microseconds; tokens accrue in layer i at
--- rates[i] a second, so t tokens take t / rate * 1000000 (dividing first
--- keeps extreme rates finite). Work relative to now: the absolute times
--- are too large for the fractions of a microsecond to survive the
--- arithmetic.
---
--- Every script's last 2k ARGV are the layers' Limits, layer i's rate
--- (tokens a second, > 0) and then its burst (the tokens it holds); ""
--- for a Limit the caller does not know (a record operation), which the
--- record tells for the first layer ("seen") and the key for the others.
--- The first layer computes with the override when there is one (unless
--- KEYS[1] is a further layer's, updated alone after an outage). A layer
--- whose Limit is not known is left as it is.
-local tats, rates, fulls = {}, {}, {}
-local limits = #ARGV - 2 * k -- layer i's rate is ARGV[limits + 2i - 1], its burst ARGV[limits + 2i]
-for i = 1, k do
-  local state = redis.call('GET', KEYS[i])
-  local tat = tonumber(state)
-  if not tat then
-    if state then
-      return redis.error_reply('quota: ' .. KEYS[i] .. ' holds something other than a bucket')
-    end
-    tat = now
+-- The pause, the override and the resume, as every operation needs them:
+-- f[1] since, f[2] until, f[3] rate, f[4] resume, f[5] pmax, f[6] learn
+-- (see learn.lua), false for a field the record does not hold. (A field is converted only when the
+-- record holds it: most hold none of them, and each conversion is a call.
+-- shifted, which only a pause in force uses, is read then, and so is the
+-- override's burst, see layers.lua.)
+local f = redis.call('HMGET', ctl, 'since', 'until', 'rate', 'resume', 'pmax', 'learn')
+local since, ends, resuming, forever, paused -- nil: none
+local untilv, shifted, pmax = f[2], 0, 0
+if f[1] or untilv or f[4] or f[5] then
+  since = f[1] and tonumber(f[1]) or nil
+  -- After an outage, the instant the fleet leaves its local shares
+  -- (resuming): until then no take is granted, whether or not its Limiter
+  -- saw the outage.
+  resuming = f[4] and tonumber(f[4]) or nil
+  resuming = resuming ~= nil and resuming > now
+  forever = untilv == 'forever'
+  ends = untilv and tonumber(untilv) or nil -- nil while forever
+  paused = since ~= nil and (forever or ends > now)
+  if paused then
+    shifted = tonumber(redis.call('HGET', ctl, 'shifted')) or 0
   end
-  tats[i] = tat
-  local rate, burst = ARGV[limits + 2 * i - 1], ARGV[limits + 2 * i]
-  if i == 1 and f[4] and f[5] and ctl == KEYS[1] .. ':ctl' then
-    rate, burst = f[4], f[5]
-  elseif rate == '' and i == 1 then
-    rate, burst = string.match(redis.call('HGET', ctl, 'seen') or '', '^(%S+) (%S+)$')
-  elseif rate == '' then
-    rate, burst = string.match(KEYS[i], ':([^:/]+)/([^:/]+)$')
-  end
-  rate, burst = tonumber(rate), tonumber(burst)
-  if rate and burst and rate > 0 then
-    rates[i], fulls[i] = rate, burst / rate * 1000000
-  end
+  pmax = f[5] and tonumber(f[5]) or 0
 end
 
--- The functions of the core are made for every call but a take that uses
--- nothing beyond it (a plain take on a bucket no class took from), which
--- makes no function at all (see script.lua).
-local write, sfx, expire
-local keep = 10000 -- ms, the least the record is kept
-if op ~= 'take' or uses ~= 'plain' or pmax > 0 then
-  -- write sets layer i's tat to v, or deletes its key when v has passed.
-  -- While a pause with no end is in force, a layer that owes anything
-  -- beyond the pause's origin keeps it until the resume moves it: its key
-  -- does not expire meanwhile. A layer key expires when its layer is full
-  -- again: an absent key and a full layer are the same state, so idle
-  -- buckets cost no memory.
-  function write(i, v)
-    if forever and paused and v > since + shifted then
-      redis.call('SET', KEYS[i], v)
-    elseif v <= now then
-      redis.call('DEL', KEYS[i])
-    else
-      redis.call('SET', KEYS[i], v, 'PX', math.ceil((v - now) / 1000))
-    end
-  end
-
-  -- sfx returns the suffix of layer i's key after the bucket's, which
-  -- names the layer in the record's fields ("" for the first).
-  function sfx(i)
-    return string.sub(KEYS[i], #KEYS[1] + 1)
-  end
-
-  -- expire keeps the record while it holds an override or a pause with
-  -- no end, and otherwise for as long as its pause or its layers' keys,
-  -- and keep at least.
-  function expire()
-    local g = redis.call('HMGET', ctl, 'rate', 'until')
-    if g[1] or g[2] == 'forever' then
-      redis.call('PERSIST', ctl)
-      return
-    end
-    local ttl = keep
-    if g[2] then
-      ttl = math.max(ttl, math.ceil((tonumber(g[2]) - now) / 1000))
-    end
-    for i = 1, k do
-      ttl = math.max(ttl, redis.call('PTTL', KEYS[i]))
-    end
-    redis.call('PEXPIRE', ctl, ttl)
-  end
-end

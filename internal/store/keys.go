@@ -7,7 +7,9 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
+	"github.com/sharedquota/quota/internal/daily"
 	"github.com/sharedquota/quota/internal/redisx"
 )
 
@@ -92,7 +94,8 @@ func isDigest(s string) bool {
 }
 
 // IsLayerSuffix reports whether s is the suffix of a further layer's key,
-// ":RATE/BURST" or ":METER:RATE/BURST".
+// ":RATE/BURST" or ":METER:RATE/BURST", RATE a daily Limit's name for a
+// daily layer (see daily.Key).
 func IsLayerSuffix(s string) bool {
 	lim, colon := strings.CutPrefix(s, ":")
 	if meter, rest, ok := strings.Cut(lim, ":"); ok {
@@ -106,14 +109,31 @@ func IsLayerSuffix(s string) bool {
 		return false
 	}
 	_, rerr := strconv.ParseFloat(r, 64)
+	if strings.HasPrefix(r, "d") && strings.Contains(r, "@") {
+		rerr = nil
+	}
 	_, berr := strconv.ParseFloat(b, 64)
 	return rerr == nil && berr == nil
 }
 
-// A Limit is a layer's rate, tokens a second, and burst, validated.
+// A Limit is a layer's rate, tokens a second, and burst, validated. A
+// daily Limit (a Zone) is a count, Burst tokens a day that refill at once
+// at the time of day Reset in Zone (see daily.lua); its Rate is the
+// count's average, which what computes with a rate reads.
 type Limit struct {
 	Rate  float64
 	Burst float64
+	Reset time.Duration
+	Zone  *time.Location
+}
+
+// name returns what names lim in a further layer's key: its rate, or a
+// daily Limit's time of day and zone (see daily.Key).
+func (lim Limit) name() string {
+	if lim.Zone != nil {
+		return daily.Key(lim.Reset, lim.Zone)
+	}
+	return redisx.Num(lim.Rate)
 }
 
 // A Bucket is one bucket's layers: its name, and the Redis key and Limit
@@ -154,9 +174,9 @@ func New(prefix, name string, lims []Limit, meters ...string) Bucket {
 		if i > 0 {
 			// Further layers live beside the first, in its hash slot, under
 			// a key that names their Limit, and what they meter.
-			b.Keys[i] = key + ":" + redisx.Num(lim.Rate) + "/" + redisx.Num(lim.Burst)
+			b.Keys[i] = key + ":" + lim.name() + "/" + redisx.Num(lim.Burst)
 			if b.Meters != nil {
-				b.Keys[i] = key + ":" + b.Meters[i] + ":" + redisx.Num(lim.Rate) + "/" + redisx.Num(lim.Burst)
+				b.Keys[i] = key + ":" + b.Meters[i] + ":" + lim.name() + "/" + redisx.Num(lim.Burst)
 			}
 		}
 	}

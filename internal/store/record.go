@@ -16,11 +16,14 @@ import (
 
 // A RecordOp is an operation of the control record's script (record.lua).
 type RecordOp struct {
-	Op     string        // "read", "status", "limit", "clear", "hold" or "resume"
+	Op     string        // "read", "limit", "clear", "hold" or "resume"
 	ID     string        // read: the Limiter's, among the bucket's users
 	Limit  Limit         // read: the first layer's Limit the Limiter's callers pass; limit: the override
 	Layers string        // read: the further layers' key suffixes, separated by spaces
 	Hold   time.Duration // hold: how long, a microsecond or more; Forever for until a resume
+	Grants string        // read: the Limiter's callers' grants by second (see record.lua's tally)
+	Meter  string        // read: what the first layer meters, when each layer meters its own
+	Linger int           // read: the slots the Limiter holds lingering
 }
 
 // Forever is a hold's duration until a resume.
@@ -37,6 +40,9 @@ const (
 	recordBurst          //
 	recordLayers         // read: the further layers' suffixes
 	recordHold           // hold: how long, µs, or "forever"
+	recordGrants         // read: the grants by second
+	recordMeter          // read: the first layer's meter, or ""
+	recordLinger         // read: the slots held lingering
 	recordArgs
 )
 
@@ -46,8 +52,9 @@ const (
 func (s *Store) Record(ctx context.Context, keys []string, op RecordOp) (Record, error) {
 	args := make([]any, recordArgs, recordArgs+2*len(keys))
 	args[recordOp], args[recordNow], args[recordUses], args[recordChannel], args[recordID] = op.Op, s.Now(), usesPlain, s.channel, op.ID
-	args[recordRate], args[recordBurst], args[recordLayers], args[recordHold] = "", "", op.Layers, ""
-	if op.Limit != (Limit{}) {
+	args[recordRate], args[recordBurst], args[recordLayers], args[recordHold], args[recordGrants], args[recordMeter] = "", "", op.Layers, "", op.Grants, op.Meter
+	args[recordLinger] = op.Linger
+	if op.Limit != (Limit{}) && op.Limit.Zone == nil { // a daily Limit's count is no rate: not told, unknown to status
 		args[recordRate], args[recordBurst] = redisx.Num(op.Limit.Rate), redisx.Num(op.Limit.Burst)
 	}
 	switch {
@@ -72,8 +79,6 @@ type Record struct {
 	Override     *Limit
 	Since, Until int64 // µs; Until is -1 for a pause with no end
 	Seen         *Limit
-	Users        int    // status only
-	Tat          int64  // status only; 0 when absent
 	Source       string // who set the pause's end
 	// Ev counts the moves of the bucket's timeline; Anchors are its
 	// layers' (see Anchor), the first layer's first.
@@ -85,6 +90,9 @@ type Record struct {
 	// above 0 took from.
 	Pushes []int64
 	PushAt int64
+	// Learned is the rate the fleet learned for each layer (see
+	// learn.lua), 0 for a layer that learns none; nil when none does.
+	Learned []float64
 }
 
 // ParseRecord reads the reply of a record op. A Limit in it must have a
@@ -95,7 +103,7 @@ func ParseRecord(cmd *redis.Cmd) (Record, error) {
 	if err != nil {
 		return Record{}, err
 	}
-	if len(vals) != 12 {
+	if len(vals) != 11 {
 		return Record{}, fmt.Errorf("%w: a control reply of %d fields", redisx.ErrReply, len(vals))
 	}
 	var r Record
@@ -131,23 +139,27 @@ func ParseRecord(cmd *redis.Cmd) (Record, error) {
 	if rate, burst, ok := strings.Cut(vals[5], " "); ok {
 		r.Seen = limit(rate, burst)
 	}
-	r.Users = int(integer(vals[6]))
-	if vals[7] != "" {
-		tat, err := strconv.ParseFloat(vals[7], 64)
-		r.Tat = int64(tat)
-		errs = append(errs, err)
-	}
-	r.Source = vals[8]
-	r.Ev = integer(vals[9])
-	if vals[10] != "" {
-		anchors, err := ParseAnchors(vals[10])
+	r.Source = vals[6]
+	r.Ev = integer(vals[7])
+	if vals[8] != "" {
+		anchors, err := ParseAnchors(vals[8])
 		r.Anchors = anchors
 		errs = append(errs, err)
 	}
-	if at, pushes, ok := strings.Cut(vals[11], " "); ok {
+	if at, pushes, ok := strings.Cut(vals[9], " "); ok {
 		r.PushAt = integer(at)
 		for p := range strings.FieldsSeq(pushes) {
 			r.Pushes = append(r.Pushes, integer(p))
+		}
+	}
+	if strings.TrimSpace(vals[10]) != "" {
+		for v := range strings.SplitSeq(vals[10], " ") {
+			l, err := 0.0, error(nil)
+			if v != "" {
+				l, err = strconv.ParseFloat(v, 64)
+			}
+			r.Learned = append(r.Learned, l)
+			errs = append(errs, err)
 		}
 	}
 	if err := errors.Join(errs...); err != nil {

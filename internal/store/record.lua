@@ -1,18 +1,19 @@
 -- quota: the operations of a bucket's control record. This script is
--- core.lua, classes.lua, timeline.lua and this body, joined in that order
--- after the prelude (internal/store's scripts.go); core.lua describes the
--- bucket and its record.
+-- core.lua, layers.lua, classes.lua, timeline.lua, learn.lua and this body, joined
+-- in that order after the prelude (internal/store's scripts.go); core.lua
+-- describes the bucket and its record.
 --
 -- read     records the Limit the Limiter's callers pass, the further
---          layers' suffixes and the Limiter among the bucket's users;
--- status   counts the bucket's users, and replies the first layer's tat;
+--          layers' suffixes and the Limiter among the bucket's users,
+--          adds its callers' grants to the layers' history (see tally),
+--          and raises the rates the fleet learns (see learn.lua);
 -- limit    sets the operator's override of the first layer's Limit;
 -- clear    removes it; each rescales the first layer's queue to the
 --          Limit now in force;
 -- hold     an operator's pause: grants nothing before now + ARGV[9], or
 --          until a resume (see pauseTo);
 -- resume   ends the pause in force, whoever set it.
--- Every operation but read and status is announced on ARGV[4] before it
+-- Every operation but read is announced on ARGV[4] before it
 -- writes anything.
 --
 -- KEYS[1..k]  the layers' keys, the first layer's being the bucket's key:
@@ -31,35 +32,42 @@
 --             override's burst.
 -- ARGV[8]     read: the further layers' key suffixes, separated by spaces.
 -- ARGV[9]     hold: how long, in microseconds, or "forever".
+-- ARGV[10]    read: the grants the Limiter's callers went on since its
+--             last read, by second: "<unix second> <layer 1's tokens> ...
+--             <layer k's>", joined with ","; "" for none.
+-- ARGV[11]    read: what the first layer meters, when each layer meters
+--             its own; "" otherwise.
+-- ARGV[12]    read: how many of the bucket's slots the Limiter holds
+--             lingering, after their requests ended (quota.WithSlotLinger).
+--             The user's field holds them after its until: "<ms> <n>".
 -- The last 2k ARGV: "" each (the Limits are the record's and the keys',
 -- see core.lua).
 --
--- Reply: {now, rate, burst, since, until, seen, users, tat, src, ev,
--- anchors, pushes}, strings, "" for what is absent: the override, the
--- pause, the Limit the Limiters last passed, the users (status only), the
--- first layer's tat as it stands before a pause moved it (status only),
--- who set the pause's end, the timeline's count and the layers' anchors
+-- Reply: {now, rate, burst, since, until, seen, src, ev, anchors,
+-- pushes, learned}, strings, "" for what is absent: the override, the pause, the
+-- Limit the Limiters last passed, who set the pause's end, the timeline's count and the layers' anchors
 -- "<at> <pos> <scale>" joined with "," (see timeline.lua), and "<pt>" then
 -- how far pushes moved each class's queue in each layer, class 0's first,
--- or "" on a bucket no priority class took from.
-local channel, id, rate, burst, layers, hold = ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9]
-if op ~= 'read' and op ~= 'status' and op ~= 'limit' and op ~= 'clear' and op ~= 'hold' and op ~= 'resume' then
+-- or "" on a bucket no priority class took from; and the layers' learned
+-- rates, "" for a layer that learns none, joined with spaces (see
+-- learn.lua).
+local channel, id, rate, burst, layers, hold, grants = ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9], ARGV[10]
+if op ~= 'read' and op ~= 'limit' and op ~= 'clear' and op ~= 'hold' and op ~= 'resume' then
   return redis.error_reply('quota: unknown operation ' .. tostring(op))
 end
-local users, tat
 local use = 5000 -- ms a Limiter counts as a user after a read
--- sweep removes the users whose use has lapsed and returns how many are
+-- sweep removes the users whose use has lapsed, and records how many are
 -- left.
 local function sweep()
   local ms = math.floor(now / 1000)
   local h = redis.call('HGETALL', ctl)
   if #h == 0 then
-    return 0 -- no record, and none made
+    return -- no record, and none made
   end
   local n = 0
   for i = 1, #h, 2 do
     if string.sub(h[i], 1, 2) == 'u:' then
-      if tonumber(h[i + 1]) <= ms then
+      if tonumber(string.match(h[i + 1], '^%S+')) <= ms then
         redis.call('HDEL', ctl, h[i])
       else
         n = n + 1
@@ -67,47 +75,85 @@ local function sweep()
     end
   end
   redis.call('HSET', ctl, 'users', n)
-  return n
 end
--- rescale moves the first layer from the Limit in force before a change,
--- r1 and b1, to the one after it, keeping the tokens it holds or owes as
--- of the end of the pause in force, or of now: the pause is not debt.
-local function rescale(r1, b1)
+-- rescaleFirst moves the first layer from the Limit in force before a
+-- change, r1 and b1, to the one in force after it (see learn.lua).
+local function rescaleFirst(r1, b1)
   local g = redis.call('HMGET', ctl, 'rate', 'burst', 'seen')
   local r2, b2 = tonumber(g[1]), tonumber(g[2])
   if not (r2 and b2) and g[3] then
     r2, b2 = string.match(g[3], '^(%S+) (%S+)$')
     r2, b2 = tonumber(r2), tonumber(b2)
+    local l = tonumber(learnt[1])
+    if l and r2 and b2 and l < r2 then
+      r2, b2 = l, b2 * l / r2 -- the rate learned, at the Limit's time to fill
+    end
   end
-  local ref = origin()
-  if r1 and r2 and r1 ~= r2 then
-    stretch(1, ref, r1 / r2)
-    saveTimeline()
-  end
-  local t1 = tats[1]
-  if not (r1 and b1 and r2 and b2) or t1 <= ref or (r1 == r2 and b1 == b2) then
-    return
-  end
-  local tokens = b1 - (t1 - ref) / 1000000 * r1
-  local v = ref + (b2 - math.min(tokens, b2)) / r2 * 1000000
-  rates[1], fulls[1] = r2, b2 / r2 * 1000000
-  write(1, floor(1, v))
-  if pmax > 0 then
-    moveTails(1, function(t)
-      if t <= ref then
-        return t
+  rescale(1, r1, b1, r2, b2)
+end
+
+-- tally adds grants to the layers' history: the record's h:<sfx> is
+-- "<second> <tokens granted in it> <in the second before> ...", histLen
+-- seconds at most, the latest second any Limiter told of first.
+local histLen = 64
+local function tally()
+  local hist = {} -- hist[i]: layer i's, read when first added to
+  for group in string.gmatch(grants, '[^,]+') do
+    local sec, i = nil, 0
+    for v in string.gmatch(group, '%S+') do
+      local n = tonumber(v)
+      if not sec then
+        sec = n
+      elseif i < k and n then
+        i = i + 1
+        local h = hist[i]
+        if not h and n ~= 0 then
+          h = {}
+          for x in string.gmatch(redis.call('HGET', ctl, 'h:' .. sfx(i)) or '', '%S+') do
+            h[#h + 1] = tonumber(x) or 0
+          end
+          if #h == 0 then
+            h[1] = sec
+          end
+          hist[i] = h
+        end
+        if h and sec and n ~= 0 then
+          if sec > h[1] then -- later seconds: the others move back
+            local d = math.min(sec - h[1], histLen)
+            for j = math.min(#h, histLen + 1 - d), 2, -1 do
+              h[j + d] = h[j]
+            end
+            for j = 2, d + 1 do
+              h[j] = 0
+            end
+            h[1] = sec
+          end
+          local j = h[1] - sec + 2
+          if j <= histLen + 1 then
+            for x = #h + 1, j do
+              h[x] = 0
+            end
+            h[j] = h[j] + n
+          end
+        end
       end
-      local held = b1 - (t - ref) / 1000000 * r1
-      return floor(1, ref + (b2 - math.min(held, b2)) / r2 * 1000000)
-    end)
+    end
   end
-  if classesDirty then
-    saveClasses()
+  for i, h in pairs(hist) do
+    local last = math.min(#h, histLen + 1)
+    while last > 2 and h[last] == 0 do
+      last = last - 1
+    end
+    local out = {string.format('%d', h[1])}
+    for j = 2, last do
+      out[j] = string.format('%.10g', h[j])
+    end
+    redis.call('HSET', ctl, 'h:' .. sfx(i), table.concat(out, ' '))
   end
 end
 
 local r1, b1 = rates[1], fulls[1] and fulls[1] * rates[1] / 1000000
-if op ~= 'read' and op ~= 'status' then
+if op ~= 'read' then
   -- The change is announced before anything is written: a publish the
   -- user may not make fails the call, and nothing has changed. (A pause
   -- or a resume that changes nothing is announced too: the Limiters that
@@ -115,26 +161,31 @@ if op ~= 'read' and op ~= 'status' then
   redis.call('PUBLISH', channel, KEYS[1])
 end
 if op == 'read' then
-  redis.call('HSET', ctl, 'seen', rate .. ' ' .. burst, 'layers', layers, 'u:' .. id, math.floor(now / 1000) + use)
+  local user = math.floor(now / 1000) + use
+  if ARGV[12] ~= '' and ARGV[12] ~= '0' then
+    user = user .. ' ' .. ARGV[12] -- and its lingering slots
+  end
+  redis.call('HSET', ctl, 'seen', rate .. ' ' .. burst, 'layers', layers, 'meter', ARGV[11], 'u:' .. id, user)
+  if grants ~= '' then
+    tally()
+  end
+  if f[6] then
+    for i = 1, k do
+      rise(i) -- learn.lua's
+    end
+  end
   -- The users that stopped go in a sweep once the fields outnumber twice
   -- the users the last sweep left, and 32.
   local n = tonumber(redis.call('HGET', ctl, 'users')) or 0
   if redis.call('HLEN', ctl) > 2 * n + 32 then
     sweep()
   end
-elseif op == 'status' then
-  users = tostring(sweep())
-  tat = tonumber(redis.call('GET', KEYS[1]))
-  if tat and paused then
-    tat = tat - shifted -- the queue as it stands before the pause moved it
-  end
-  tat = tat and string.format('%d', tat)
 elseif op == 'limit' then
   redis.call('HSET', ctl, 'rate', rate, 'burst', burst)
-  rescale(r1, b1)
+  rescaleFirst(r1, b1)
 elseif op == 'clear' then
   redis.call('HDEL', ctl, 'rate', 'burst')
-  rescale(r1, b1)
+  rescaleFirst(r1, b1)
 elseif op == 'hold' then
   local e
   if hold ~= 'forever' then
@@ -144,13 +195,11 @@ elseif op == 'hold' then
 elseif op == 'resume' then
   pauseTo(now, 'operator', true)
 end
-if op ~= 'status' then
-  expire()
-end
+expire()
 local g = redis.call('HMGET', ctl, 'rate', 'burst', 'since', 'until', 'seen', 'src', 'ev')
 local pushed = ''
 if pmax > 0 then
   pushed = (redis.call('HGET', ctl, 'pt') or '0') .. ' ' .. table.concat(pushList(), ' ')
 end
-return {string.format('%d', now), g[1] or '', g[2] or '', g[3] or '', g[4] or '', g[5] or '', users or '', tat or '',
-  g[6] or '', g[7] or '0', timeline(), pushed}
+return {string.format('%d', now), g[1] or '', g[2] or '', g[3] or '', g[4] or '', g[5] or '',
+  g[6] or '', g[7] or '0', timeline(), pushed, learned()}

@@ -1,8 +1,9 @@
 -- quota: the take. This script takes tokens from a bucket for one caller,
 -- or for several at once (a batch), each granted or refused on its own.
--- It is core.lua, classes.lua, timeline.lua, tenants.lua and this body,
--- joined in that order after the prelude (internal/store's scripts.go);
--- core.lua describes the bucket and its record.
+-- It is core.lua, plain.lua, layers.lua, classes.lua, timeline.lua,
+-- tenants.lua and this body, joined in that order after the prelude
+-- (internal/store's scripts.go); core.lua describes the bucket and its
+-- record. plain.lua serves the commonest takes whole, as this body would.
 --
 -- KEYS[1..k]  the layers' keys, the first layer's being the bucket's key.
 -- KEYS[k+1]   the control record.
@@ -25,8 +26,10 @@
 --   ARGV[x+4]   the tenant's weight, > 0; 0 for a caller for no tenant;
 --   ARGV[x+5]   the most tenants the bucket keeps apart, of which this
 --               one is not sure to be one; 0 for one that always is;
+--   ARGV[x+6]   when the take was first held, in microseconds on the
+--               server's clock; 0 for one never held (see tenants.lua);
 --   then, in its last k ARGV, the tokens it takes from each layer, >= 0.
--- The last 2k ARGV, after the callers: the layers' Limits (core.lua).
+-- The last 2k ARGV, after the callers: the layers' Limits (layers.lua).
 --
 -- Reply: for each caller, {outcome, wait, tat_1, ..., tat_k, pos_1, ...,
 -- pos_k}, integers, where outcome is one of:
@@ -46,8 +49,9 @@
 --   6 held: a take for a tenant that is not admitted; nothing is taken,
 --     and wait is how long until it may be, at most fairNap (see
 --     tenants.lua).
--- The tats (us, rounded down) identify the take for a later refund. A
--- batch serves its callers in order, each from the bucket as the one
+-- The tats (us, rounded down) identify the take for a later refund; a
+-- caller granted without a wait has 0 for each, as for its positions
+-- (Decode keeps neither). A batch serves its callers in order, each from the bucket as the one
 -- before it left it, and replies their replies one after another, m x (2
 -- + 2k) integers, then the timeline's count (ev) the takes found, and now;
 -- then, on a bucket that priority classes took from, pmax x k more, how
@@ -61,11 +65,11 @@ local stride = k + 1
 if form == 'class' then
   stride = k + 3
 elseif form == 'tenant' then
-  stride = k + 6
+  stride = k + 7
 elseif form ~= 'plain' then
   return redis.error_reply('quota: a take of form ' .. tostring(form))
 end
-local callers = (limits - 4) / stride -- core.lua's limits: the callers' ARGV end there
+local callers = (limits - 4) / stride -- layers.lua's limits: the callers' ARGV end there
 if k < 1 or callers < 1 or callers % 1 ~= 0 then
   return redis.error_reply('quota: a take of ' .. #ARGV .. ' arguments from ' .. k .. ' layers')
 end
@@ -75,112 +79,93 @@ for i = 1, k do
 end
 
 if form == 'tenant' then
-  for c = 1, callers do
-    local x = 5 + (c - 1) * stride
-    local w = tonumber(ARGV[x + 4])
-    if not w or w < 0 or w == math.huge or w ~= w then
-      return redis.error_reply('quota: a take for a tenant of weight ' .. tostring(ARGV[x + 4]))
-    end
-    -- The tenants a batch names all ask now: each waits, for the turns
-    -- of those served before it in the batch (see tenants.lua).
-    if callers > 1 and w > 0 and tonumber(ARGV[x + 1]) == 0 then
-      local e = tenantOf(ARGV[x + 3], w, tonumber(ARGV[x + 5]))
-      e.due = math.max(e.due, now)
-    end
+  local err = weigh(callers, stride) -- tenants.lua
+  if err then
+    return err
   end
 end
 
-local reply -- the callers' replies, made for a batch or a caller not granted at once
-if callers > 1 then
-  reply = {}
+-- reply: the callers' replies, made once a caller is not granted at once.
+local reply, pushed
+-- The callers of a batch mostly ask alike: a caller's ARGV are converted
+-- only where they differ from the caller's before it (equal strings are
+-- one string in Lua, and compare at no cost). n[i]: what the caller
+-- takes from layer i, converted from n[k + i], its ARGV.
+local maxWait, waits
+local n = {}
+-- earliest: the least wait, for nothing falls due before a pause in force
+-- ends; at: where the layers count a grant's tokens from (see below).
+local earliest, at = -math.huge, now
+if paused then
+  at = since + shifted
+  if ends then
+    earliest = ends - now
+  end
 end
-local waited, pushed = false, false
 for c = 1, callers do
   local x = 5 + (c - 1) * stride -- where caller c's ARGV begin
-  local maxWait = tonumber(ARGV[x])
-  if not maxWait then
-    return redis.error_reply('quota: a take with a longest wait of ' .. tostring(ARGV[x]))
-  end
-  local n = {} -- n[i]: what it takes from layer i
-  for i = 1, k do
-    local amount = tonumber(ARGV[x + stride - k - 1 + i])
-    if not amount or amount < 0 then
-      return redis.error_reply('quota: a take of ' .. tostring(ARGV[x + stride - k - 1 + i]) .. ' from layer ' .. i)
+  if ARGV[x] ~= waits then
+    waits = ARGV[x]
+    maxWait = tonumber(waits)
+    if not maxWait or maxWait < 0 then
+      return redis.error_reply('quota: a take with a longest wait of ' .. tostring(waits))
     end
-    n[i] = amount
   end
-  local class, shares, tenant = 0, nil, nil
+  local y = x + stride - k - 1 -- its amount of layer i is ARGV[y + i]
+  for i = 1, k do
+    local a = ARGV[y + i]
+    if a ~= n[k + i] then
+      local amount = tonumber(a)
+      if not amount or amount < 0 then
+        return redis.error_reply('quota: a take of ' .. tostring(a) .. ' from layer ' .. i)
+      end
+      n[i], n[k + i] = amount, a
+    end
+  end
+  -- from[i]: where the take queues in layer i, as a tat: behind every
+  -- class for class 0, behind the classes at and above its own for a
+  -- higher one (see classes.lua's rank, which tells crowded too).
+  local class, shares, crowded, from, tenant = 0, nil, 0, queue, nil
   if form ~= 'plain' then
     class = tonumber(ARGV[x + 1])
     if not class or class < 0 or class > 7 or class % 1 ~= 0 then
       return redis.error_reply('quota: a take of class ' .. tostring(ARGV[x + 1]))
     end
-  end
-  if class > 0 then
-    loadClasses(class)
-    shares = {} -- shares[j]: class j's minimum share, for j below class
-    local j = 0
-    for m in string.gmatch(ARGV[x + 2], '%S+') do
-      if j < class then
-        shares[j] = tonumber(m)
-      end
-      j = j + 1
+    if class > 0 then
+      shares, crowded, from = rank(class, ARGV[x + 2], n, queue)
+    end
+    if form == 'tenant' and tonumber(ARGV[x + 4]) > 0 then
+      tenant = tenantOf(ARGV[x + 3], tonumber(ARGV[x + 4]), tonumber(ARGV[x + 5]))
     end
   end
-  if form == 'tenant' and tonumber(ARGV[x + 4]) > 0 then
-    tenant = tenantOf(ARGV[x + 3], tonumber(ARGV[x + 4]), tonumber(ARGV[x + 5]))
-  end
-  -- A take that would push a class past its minimum share waits until
-  -- the class's push clock is back to now (see classes.lua's Minimum shares).
-  local crowded = -math.huge
-  for j = 0, class - 1 do
-    local m = shares[j]
-    if m and m > 0 and m < 1 then
-      for i = 1, k do
-        local t = queue[i]
-        if j > 0 then
-          t = tails[j][i] or now
-        end
-        if n[i] > 0 and t > now + fulls[i] + commit then
-          crowded = math.max(crowded, pushClock(j, i) - now)
-        end
-      end
-    end
-  end
-  -- from[i]: where the take queues in layer i, as a tat: behind every
-  -- class for class 0; behind the classes at and above its own, and what
-  -- is committed, for a higher class.
-  local from = queue
-  if class > 0 then
-    from = {}
-    for i = 1, k do
-      from[i] = math.max(tails[class][i] or now, math.min(queue[i], now + fulls[i] + commit))
-    end
-  end
-  local longest = -math.huge
-  if paused and ends then
-    longest = ends - now -- nothing falls due before the pause ends
-  end
+  local longest = earliest
   for i = 1, k do
     local debt = from[i] - now -- refill already promised beyond now
     if debt < 0 then
       debt = 0
     end
     local wait = debt + n[i] / rates[i] * 1000000 - fulls[i]
-    if wait > longest and n[i] > 0 then -- a layer asked nothing is no bar
+    if wait > longest and n[i] > 0 and not (days and days[i]) then -- a layer asked nothing is no bar
       longest = wait
     end
   end
-  local wait = math.floor(longest + 0.5)
-  -- cost: the take's time at the slowest layer's rate, what its tenant
-  -- is charged (see tenants.lua).
+  if days then
+    longest = dayWait(n, queue, longest, maxWait) -- daily.lua
+  end
+  local wait = 0
+  if longest > 0 then
+    wait = math.floor(longest + 0.5)
+  end
+  -- cost: the take's time at the slowest layer's rate, its tenant's charge.
   local cost, admitted, retry = 0, true, 0
   if tenant then
     for i = 1, k do
-      cost = math.max(cost, n[i] / rates[i] * 1000000)
+      if not (days and days[i]) then -- a day's count is no time
+        cost = math.max(cost, n[i] / rates[i] * 1000000)
+      end
     end
     if class == 0 and not (forever or resuming) and wait <= maxWait then
-      admitted, retry = admit(tenant, cost, wait)
+      admitted, retry = admit(tenant, cost, wait, tonumber(ARGV[x + 6]) or 0)
     end
   end
   local outcome = GRANTED
@@ -194,13 +179,17 @@ for c = 1, callers do
     outcome, wait = PAUSED, 0
   elseif wait > maxWait then
     outcome = TOO_LONG
-  elseif longest <= 0 then
-    wait = 0
   end
-  if outcome ~= GRANTED or wait ~= 0 then
-    reply, waited = reply or {}, true
+  local o = (c - 1) * (2 + 2 * k) -- where its reply begins
+  if not reply and (outcome ~= GRANTED or wait ~= 0) then
+    reply = {}
+    for j = 1, o do -- the callers before it, all granted without a wait
+      reply[j] = 0
+    end
+    for j = 1, o, 2 + 2 * k do
+      reply[j] = GRANTED
+    end
   end
-  local o = reply and #reply
   if reply then
     reply[o + 1], reply[o + 2] = outcome, wait
   end
@@ -216,16 +205,15 @@ for c = 1, callers do
     -- moves the slowest layer's queue (timeline.lua) moves the grant.
     -- A layer whose lower classes the take pushes takes them where it
     -- queues, the commit point, which the pushes are reckoned from.
-    local at = now
-    if paused then
-      at = since + shifted
-    end
     if tenant then
       charge(tenant, cost, class, wait)
+      tenant.g = tenant.g + n[1]
     end
     for i = 1, k do
       local v = from[i]
-      if n[i] > 0 then
+      if days and days[i] then
+        v = dayTake(i, queue, n[i], wait) -- daily.lua, which moves queue[i]
+      elseif n[i] > 0 then
         local d = n[i] / rates[i] * 1000000
         if class > 0 and queue[i] > now + fulls[i] + commit then
           if not anchor then
@@ -234,8 +222,13 @@ for c = 1, callers do
           v, queue[i] = push(i, class, from[i], d, queue[i], shares, anchor(i).scale)
           pushed = true
         else
-          v = math.max(from[i], at) + d
-          queue[i] = math.max(queue[i], v)
+          if at > v then
+            v = at
+          end
+          v = v + d
+          if v > queue[i] then
+            queue[i] = v
+          end
           for lower = 1, class - 1 do
             tails[lower][i] = v
           end
@@ -245,23 +238,27 @@ for c = 1, callers do
         end
       end
       if reply then
-        -- The grant's position (see timeline.lua), for a caller that
-        -- sleeps on it; 0 for one that does not.
-        local p = 0
+        -- The grant's tat and position (see timeline.lua), for a caller
+        -- that sleeps on it; 0 and 0 for one that does not.
+        local t, p = 0, 0
         if wait ~= 0 then
           if not anchor then
             anchor, position = anchorsOf(KEYS, ctl)
           end
-          p = math.floor(position(i, math.floor(v) - fulls[i]))
+          t, p = math.floor(v), math.floor(v) - fulls[i]
+          if days and days[i] then
+            t, p = dayReply(i, v)
+          end
+          p = math.floor(position(i, p))
         end
-        reply[o + 2 + i], reply[o + 2 + k + i] = math.floor(v), p
+        reply[o + 2 + i], reply[o + 2 + k + i] = t, p
       end
     end
   end
 end
--- The layers the takes moved, written back as core.lua's write does
--- (which a plain take does not make), less what it does while a pause with
--- no end is in force: every take is refused then.
+-- The layers the takes moved, written back as layers.lua's write does
+-- (which a plain take does not make); a pause with no end refuses every
+-- take.
 for i = 1, k do
   local v = queue[i]
   if v == tats[i] then
@@ -269,7 +266,7 @@ for i = 1, k do
   elseif v <= now then
     redis.call('DEL', KEYS[i])
   else
-    redis.call('SET', KEYS[i], v, 'PX', math.ceil((v - now) / 1000))
+    set(KEYS[i], v) -- layers.lua's
   end
 end
 if fair and fair.dirty then
@@ -285,7 +282,7 @@ if classesDirty then
   end
   expire()
 end
-if not waited then
+if not reply then
   return 0
 end
 -- The timeline's count the takes found, for the callers that sleep on

@@ -12,9 +12,9 @@ import (
 // loaded as a script of its own, so that a take defines nothing that only
 // the others use.
 var (
-	takeParts   = []string{"core.lua", "classes.lua", "timeline.lua", "tenants.lua", "script.lua"}
-	updateParts = []string{"core.lua", "classes.lua", "timeline.lua", "tenants.lua", "update.lua"}
-	recordParts = []string{"core.lua", "classes.lua", "timeline.lua", "record.lua"}
+	takeParts   = []string{"core.lua", "plain.lua", "layers.lua", "daily.lua", "classes.lua", "timeline.lua", "tenants.lua", "script.lua"}
+	updateParts = []string{"core.lua", "layers.lua", "daily.lua", "classes.lua", "timeline.lua", "learn.lua", "tenants.lua", "update.lua"}
+	recordParts = []string{"core.lua", "layers.lua", "daily.lua", "classes.lua", "timeline.lua", "learn.lua", "record.lua"}
 )
 
 //go:embed *.lua
@@ -24,6 +24,8 @@ var (
 	takeSource   = join(takeParts)
 	updateSource = join(updateParts)
 	recordSource = join(recordParts)
+	// The pool's take (pool.lua) runs the take as a function of its own.
+	poolSource = "local function bucket(KEYS, ARGV)\n" + takeSource + "\nend\n" + join([]string{"pool.lua"})
 )
 
 // join returns the parts' sources, joined in order.

@@ -13,6 +13,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/sharedquota/quota/internal/daily"
 	"github.com/sharedquota/quota/internal/redisx"
 )
 
@@ -22,6 +23,7 @@ type Store struct {
 	takeScript   *redisx.Script // script.lua
 	updateScript *redisx.Script // update.lua
 	recordScript *redisx.Script // record.lua
+	poolScript   *redisx.Script // pool.lua, around script.lua
 	argv         argvCache
 	clock        func() time.Time // nil: the server's clock
 	cluster      bool             // the client follows Cluster redirections
@@ -44,6 +46,7 @@ func NewStore(rdb redis.Scripter, o Options) *Store {
 		takeScript:   redisx.NewScript(rdb, takeSource),
 		updateScript: redisx.NewScript(rdb, updateSource),
 		recordScript: redisx.NewScript(rdb, recordSource),
+		poolScript:   redisx.NewScript(rdb, poolSource),
 		clock:        o.Clock,
 		channel:      o.Channel,
 		cluster:      redisx.IsCluster(rdb),
@@ -67,3 +70,17 @@ func (s *Store) Cluster() bool { return s.cluster }
 // Now returns the ARGV the scripts read as the time: empty for the
 // server's clock, the callers' clock in microseconds otherwise.
 func (s *Store) Now() string { return redisx.Now(s.clock) }
+
+// limit returns lim's rate and burst as the scripts read them: a daily
+// Limit's rate is its spec, its reset instants around now on the
+// callers' clock (see daily.Spec).
+func (s *Store) limit(lim Limit) (rate, burst any) {
+	if lim.Zone == nil {
+		return s.argv.limit(lim)
+	}
+	now := time.Now()
+	if s.clock != nil {
+		now = s.clock()
+	}
+	return daily.Spec(now, lim.Burst, lim.Reset, lim.Zone), redisx.Num(lim.Burst)
+}

@@ -33,6 +33,11 @@ type Cost struct {
 	// now reckoned to have held the bucket, below 0 when shorter: a settle
 	// that gives tokens back gives the tenant's share that much back.
 	Charge float64
+	// Since, for a take held before, is when it was first held, µs on
+	// the server's clock (its Grant's Now); 0 for one never held. The
+	// oldest held take of a tenant is admitted before the tenant's
+	// others (see tenants.lua).
+	Since int64
 }
 
 // FairQueue is the longest queue of a bucket that a take for a tenant
@@ -92,6 +97,31 @@ type Grant struct {
 
 // Granted reports whether the take was granted.
 func (g Grant) Granted() bool { return g.Outcome == Granted }
+
+// CostTime returns how long c takes to accrue at the rate of b's slowest
+// layer for it; a daily layer's count is no time.
+func (b Bucket) CostTime(c Cost) time.Duration {
+	var d time.Duration
+	for i, lim := range b.Lims {
+		if lim.Zone == nil {
+			d = max(d, time.Duration(c.Of(i)/lim.Rate*float64(time.Second)))
+		}
+	}
+	return d
+}
+
+// TatsMoved returns the tats that identify the take of g for its refund
+// once a pause (or a change) has moved its grant d later.
+func (g Grant) TatsMoved(d time.Duration) []int64 {
+	if d == 0 || g.Tats == nil {
+		return g.Tats
+	}
+	tats := slices.Clone(g.Tats)
+	for i := range tats {
+		tats[i] += d.Microseconds()
+	}
+	return tats
+}
 
 // TakenAt returns when, on the server's clock in microseconds, the take
 // that granted g after a wait ran: its grant falls due when the slowest
@@ -159,7 +189,8 @@ const (
 // What a call uses beyond the scripts' core (core.lua's ARGV[3]), which
 // for a take is the form of its callers: the ARGV each caller has before
 // its amount of each layer are its longest wait; and its class and the
-// classes' minimum shares; and its tenant, the tenant's weight and cap.
+// classes' minimum shares; and its tenant, the tenant's weight and cap,
+// and when the take was first held.
 const (
 	usesPlain  = "plain"
 	usesClass  = "class"
@@ -181,7 +212,7 @@ func (s *Store) takeArgs(b Bucket, callers ...caller) []any {
 	for _, c := range callers {
 		switch {
 		case c.n.Weight > 0:
-			form, stride = usesTenant, 6+k
+			form, stride = usesTenant, 7+k
 		case c.n.Class > 0 && form == usesPlain:
 			form, stride = usesClass, 3+k
 		}
@@ -201,14 +232,14 @@ func (s *Store) takeArgs(b Bucket, callers ...caller) []any {
 			if c.n.Weight > 0 {
 				weight = strconv.FormatFloat(c.n.Weight, 'f', -1, 64)
 			}
-			args = append(args, c.n.Tenant, weight, c.n.TenantCap)
+			args = append(args, c.n.Tenant, weight, c.n.TenantCap, c.n.Since)
 		}
 		for i := range k {
 			args = append(args, s.argv.tokens(c.n.Of(i)))
 		}
 	}
 	for _, lim := range b.Lims {
-		rate, burst := s.argv.limit(lim)
+		rate, burst := s.limit(lim)
 		args = append(args, rate, burst)
 	}
 	return args

@@ -20,7 +20,7 @@ func TestTakeArgsNamedSlots(t *testing.T) {
 	}{
 		{Tokens(2), "plain", []any{int64(7), "2", "2"}},
 		{Cost{Each: []float64{1, 3}, Class: 2, Shares: []float64{0.25, 0, 0.5}}, "class", []any{int64(7), 2, "0.25 0", "1", "3"}},
-		{Cost{N: 1, Class: 1, Tenant: "t", Weight: 2, TenantCap: 3}, "tenant", []any{int64(7), 1, "", "t", "2", 3, "1", "1"}},
+		{Cost{N: 1, Class: 1, Tenant: "t", Weight: 2, TenantCap: 3, Since: 9}, "tenant", []any{int64(7), 1, "", "t", "2", 3, int64(9), "1", "1"}},
 	} {
 		args := s.takeArgs(b, caller{tc.n, 7 * time.Microsecond})
 		want := append([]any{"take", "42", tc.form, ""}, tc.argv...)
@@ -34,5 +34,22 @@ func TestTakeArgsNamedSlots(t *testing.T) {
 	}
 	if takeNow != 1 || takeCallers != 4 {
 		t.Errorf("the take's clock is ARGV[%d] and its first caller's wait ARGV[%d], want ARGV[2] and ARGV[5]", takeNow+1, takeCallers+1)
+	}
+}
+
+func TestCostTimeAndTatsMoved(t *testing.T) {
+	b := New("quota:", "t", []Limit{{Rate: 10, Burst: 5}, {Rate: 1, Burst: 5}})
+	if d := b.CostTime(Tokens(2)); d != 2*time.Second {
+		t.Errorf("2 tokens take %v at the slowest layer's 1/s, want 2s", d)
+	}
+	if d := b.CostTime(Cost{Each: []float64{3, 0}}); d != 300*time.Millisecond {
+		t.Errorf("3 of the first layer alone take %v, want 300ms", d)
+	}
+	g := Grant{Tats: []int64{100, 200}}
+	if moved := g.TatsMoved(time.Millisecond); moved[0] != 1100 || moved[1] != 1200 || g.Tats[0] != 100 {
+		t.Errorf("tats moved by 1ms: %v (the grant's now %v)", moved, g.Tats)
+	}
+	if moved := (Grant{}).TatsMoved(time.Second); moved != nil {
+		t.Errorf("a grant without tats moved to %v", moved)
 	}
 }

@@ -43,6 +43,7 @@ func TestTenantsShareByWeight(t *testing.T) {
 				next    time.Duration // when it asks again, from the start
 				granted int
 				asks    int
+				since   int64 // when its take was first held, as a Limiter sends it
 			}
 			// Each tenant has eight callers, each asking again when its
 			// grant is due: without the gate, they would share the rate
@@ -67,7 +68,7 @@ func TestTenantsShareByWeight(t *testing.T) {
 						}
 						c := Cost{N: 1}
 						if fair {
-							c.Tenant, c.Weight = x.name, x.weight
+							c.Tenant, c.Weight, c.Since = x.name, x.weight, x.since
 						}
 						x.asks++
 						g, err := s.takeOne(ctx, b, c, time.Hour)
@@ -78,7 +79,7 @@ func TestTenantsShareByWeight(t *testing.T) {
 						case g.Granted():
 							// The caller sleeps on its grant, and its next
 							// request asks then.
-							x.next, head[x.name] = at+g.Wait, nil
+							x.next, head[x.name], x.since = at+g.Wait, nil, 0
 							x.granted++
 							if x.name == "heavy" {
 								heavy++
@@ -90,6 +91,9 @@ func TestTenantsShareByWeight(t *testing.T) {
 								t.Fatalf("held for %v, want (0, 250ms]", g.Wait)
 							}
 							x.next, head[x.name] = at+g.Wait, x
+							if x.since == 0 {
+								x.since = g.Now
+							}
 						default:
 							t.Fatalf("%s: %+v", x.name, g)
 						}
@@ -139,11 +143,24 @@ func TestTenantsEdges(t *testing.T) {
 	s, now, rdb := fairClock(t)
 	ctx := context.Background()
 	b := New("quota:", "edges", []Limit{{Rate: 20, Burst: 1}})
+	// As in a Limiter, a tenant's take that was held says when it was
+	// first held when it asks again.
+	since := map[string]int64{}
 	take := func(c Cost) Grant {
 		t.Helper()
+		if c.Class == 0 {
+			c.Since = since[c.Tenant]
+		}
 		g, err := s.takeOne(ctx, b, c, time.Hour)
 		if err != nil {
 			t.Fatal(err)
+		}
+		switch {
+		case c.Class > 0:
+		case g.Outcome == Held && since[c.Tenant] == 0:
+			since[c.Tenant] = g.Now
+		case g.Outcome != Held:
+			since[c.Tenant] = 0
 		}
 		return g
 	}

@@ -123,7 +123,7 @@ if op ~= 'take' then
   -- floor returns the earliest tat of layer i while a pause in force
   -- ends at ends: at its end the layer holds at most one token.
   function floor(i, v)
-    if paused and ends and rates[i] then
+    if paused and ends and rates[i] and not (days and days[i]) then
       return math.max(v, ends + fulls[i] - math.min(1000000 / rates[i], fulls[i]))
     end
     return v
@@ -156,7 +156,7 @@ if op ~= 'take' then
       local v = tat
       if e then
         moveFrom(i, from, e - from)
-        if tat > from then
+        if tat > from and not (days and days[i]) then -- a daily layer keeps its counts
           v = tat + e - from
         end
       end

@@ -149,3 +149,46 @@ func TestTimelineAgreesWithTheScript(t *testing.T) {
 		})
 	}
 }
+
+// TestFullLayerThroughAPauseWithNoEnd: a layer that is full when a pause
+// with no end begins, its key gone, owes nothing when the pause ends or
+// its Limit changes meanwhile: the first take after the resume is granted
+// at once, as after a pause of any length.
+func TestFullLayerThroughAPauseWithNoEnd(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	ctx := context.Background()
+	for _, between := range [][]RecordOp{nil, {{Op: "limit", Limit: Limit{Rate: 5, Burst: 5}}}} {
+		var now atomic.Int64
+		now.Store(time.Now().Truncate(time.Second).UnixNano())
+		s := NewStore(rdb, Options{Clock: func() time.Time { return time.Unix(0, now.Load()) }})
+		b := New("quota:", fmt.Sprintf("full-%d", len(between)), []Limit{{Rate: 10, Burst: 5}})
+		record := func(op RecordOp) {
+			t.Helper()
+			if _, err := s.Record(ctx, b.Keys, op); err != nil {
+				t.Fatal(err)
+			}
+		}
+		record(RecordOp{Op: "read", ID: "test", Limit: Limit{Rate: 10, Burst: 5}})
+		if g, err := s.takeOne(ctx, b, Tokens(1), time.Hour); err != nil || g.Wait != 0 {
+			t.Fatalf("the first take: %+v, %v", g, err)
+		}
+		// Full again a second later, when the key expires (on the
+		// server's clock, which the test's does not move).
+		now.Add(int64(time.Second))
+		if err := rdb.Del(ctx, b.Keys[0]).Err(); err != nil {
+			t.Fatal(err)
+		}
+		record(RecordOp{Op: "hold", Hold: Forever})
+		for _, op := range between {
+			now.Add(int64(time.Second))
+			record(op)
+		}
+		now.Add(int64(3 * time.Second))
+		record(RecordOp{Op: "resume"})
+		g, err := s.takeOne(ctx, b, Tokens(1), time.Hour)
+		if err != nil || !g.Granted() || g.Wait != 0 {
+			t.Errorf("%v: the first take after the resume of a full layer: %+v, %v; want it granted at once", between, g, err)
+		}
+	}
+}

@@ -73,6 +73,28 @@ func (s *Store) AdjustLower(ctx context.Context, b Bucket, n Cost, remaining []f
 	return s.update(ctx, withIDs, update{op: "adjust", arg: id, n: n, remaining: remaining, channel: s.channel})
 }
 
+// A Refusal is a provider's refusal of a request, for the rates the
+// fleet learns (see learn.lua).
+type Refusal struct {
+	Age   time.Duration // since the request was sent
+	OK    float64       // the share of its process's requests the provider accepted lately
+	Floor float64       // the least rate, a share of each Limit's rate
+	Rise  float64       // the rise a second past the peak, likewise
+	Why   string        // what the refusal was: "429", "503"; "" for a response that only bounds the rates
+	Named []bool        // the layers it names, nil for none
+	// Bounds are the rates the provider's RateLimit-Policy allows each
+	// layer: 0 for as much as its Limit, below 0 when it says nothing of
+	// the layer; nil for nothing at all.
+	Bounds []float64
+}
+
+// Refuse cuts the rates the fleet learns of b's layers after r, once an
+// overload, bounds them as r's Bounds say, and announces a cut on the
+// control channel.
+func (s *Store) Refuse(ctx context.Context, b Bucket, r Refusal) error {
+	return s.update(ctx, b, update{op: "refuse", arg: max(r.Age.Microseconds(), 0), refusal: r, channel: s.channel})
+}
+
 // An update is a call of the updates' script (update.lua).
 type update struct {
 	op        string  // refund, probe, pause, lower, adjust or resuming
@@ -81,6 +103,7 @@ type update struct {
 	n         Cost    // refund, adjust: the tokens, and the tenant; lower: the tokens that remain
 	tats      []int64 // refund: the take's
 	remaining []float64
+	refusal   Refusal
 }
 
 // The updates' ARGV (update.lua), by name: the call's, then two for each
@@ -114,12 +137,21 @@ func (s *Store) update(ctx context.Context, b Bucket, u update) error {
 		args[updateTenant], args[updateWeight], args[updateCap] = u.n.Tenant, redisx.Num(u.n.Weight), u.n.TenantCap
 		args[updateCharge] = strconv.FormatFloat(u.n.Charge, 'f', 0, 64)
 	}
+	if u.op == "refuse" {
+		r := u.refusal
+		args[updateTenant], args[updateWeight], args[updateCap], args[updateCharge] = redisx.Num(r.OK), redisx.Num(r.Floor), redisx.Num(r.Rise), r.Why
+	}
 	for i := range b.Lims {
 		var amount, mark any = 0, ""
-		if u.op != "probe" && u.op != "pause" && u.op != "resuming" {
+		switch {
+		case u.op == "refuse" && i < len(u.refusal.Named) && u.refusal.Named[i]:
+			amount = 1
+		case u.op != "probe" && u.op != "pause" && u.op != "resuming" && u.op != "refuse":
 			amount = s.argv.tokens(u.n.Of(i))
 		}
 		switch {
+		case u.op == "refuse" && i < len(u.refusal.Bounds) && u.refusal.Bounds[i] >= 0:
+			mark = redisx.Num(u.refusal.Bounds[i])
 		case u.op == "refund" && u.tats != nil:
 			mark = u.tats[i]
 		case u.op == "refund":
@@ -130,7 +162,7 @@ func (s *Store) update(ctx context.Context, b Bucket, u update) error {
 		args = append(args, amount, mark)
 	}
 	for _, lim := range b.Lims {
-		rate, burst := s.argv.limit(lim)
+		rate, burst := s.limit(lim)
 		args = append(args, rate, burst)
 	}
 	cmd, _ := s.updateScript.Run(ctx, b.Call, args...)

@@ -3,7 +3,9 @@
 // of a JSON body, and Events splits a server-sent-event stream into the
 // events whose data holds it. Both take the bytes through Write, in chunks
 // that may split anywhere, and keep only what they look for, so that a
-// large body is never buffered whole.
+// large body is never buffered whole. Extra works out what a settle with
+// the usage takes or gives back of a request's reservation, and Lower and
+// Lows what the provider says remains of its meters, and holds by then.
 package usage
 
 import "bytes"

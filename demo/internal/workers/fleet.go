@@ -30,6 +30,7 @@ func Run[S, R any](ctx context.Context, env, arg string, specs []S, logs io.Writ
 	var cmds []*exec.Cmd
 	var outs []*bytes.Buffer
 	var relays sync.WaitGroup
+	var logMu sync.Mutex // the relays write logs one line at a time
 	kill := func() {
 		for _, cmd := range cmds {
 			_ = cmd.Process.Kill()
@@ -61,7 +62,9 @@ func Run[S, R any](ctx context.Context, env, arg string, specs []S, logs io.Writ
 		relays.Go(func() {
 			sc := bufio.NewScanner(stderr)
 			for sc.Scan() {
+				logMu.Lock()
 				fmt.Fprintf(logs, "  worker %d | %s\n", i+1, sc.Text())
+				logMu.Unlock()
 			}
 		})
 	}

@@ -1,0 +1,8 @@
+package nginxtest
+
+import (
+	"os"
+	"testing"
+)
+
+func TestMain(m *testing.M) { os.Exit(Main(m)) }
