@@ -12,6 +12,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/sharedquota/quota/internal/breaker"
+
 	"github.com/redis/go-redis/v9"
 	"github.com/sharedquota/quota/internal/redisx"
 )
@@ -134,12 +136,20 @@ func NewResume(rdb redis.Scripter, prefix string) *Resume {
 	return &Resume{script: redisx.NewScript(rdb, resumeSource), key: prefix + "resume"}
 }
 
+// resumeLinger is how long after the fleet resumed a Limiter that finds
+// Redis still resumes at once: a probe that a hung connection holds may
+// take ProbeTimeout, and the next comes MaxBackoff later. One that found
+// no instant would record its own, and send the fleet, resumed, back to
+// its local shares until then.
+const resumeLinger = breaker.ProbeTimeout + breaker.MaxBackoff
+
 // In returns how long until the fleet resumes the shared bucket: delay
 // after the first Limiter found Redis again, at most delay, and that
-// instant on the clock of the scripts, µs. now is the caller's clock in
-// µs, or empty for the server's.
+// instant on the clock of the scripts, µs; zero once the instant is past,
+// for a while after it (resumeLinger). now is the caller's clock in µs,
+// or empty for the server's.
 func (r *Resume) In(ctx context.Context, delay time.Duration, now string) (time.Duration, int64, error) {
-	cmd, _ := r.script.Run(ctx, []string{r.key}, delay.Microseconds(), now)
+	cmd, _ := r.script.Run(ctx, []string{r.key}, delay.Microseconds(), now, resumeLinger.Microseconds())
 	v, err := cmd.Int64Slice()
 	if err != nil {
 		return 0, 0, err
