@@ -377,6 +377,11 @@ const dueRounding = 50 * time.Microsecond
 // swarms measure a few milliseconds at the median and tens at the p99.
 const maxJitter = time.Second
 
+// hearing bounds how late a sleeper may learn of a change from its
+// announcement, which a busy machine may deliver to a Limiter's subscriber
+// 100 ms late: a sleeper due before it hears goes at its old instant.
+const hearing = 250 * time.Millisecond
+
 // dues returns the due instants of grants in this machine's clock, sorted,
 // and fails the test when a grant has none.
 func dues(t *testing.T, grants []stamp) []time.Time {

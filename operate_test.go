@@ -175,9 +175,9 @@ func TestPauseHoldsEveryGrant(t *testing.T) {
 		if !last.IsZero() {
 			lastAfter = last.Sub(from)
 		}
-		during := between(due, from.Add(50*time.Millisecond), to)
-		t.Logf("%s: last grant %v after the call; %d grants from 50 ms after it to its end",
-			what, lastAfter.Round(time.Millisecond), during)
+		during := between(due, from.Add(hearing), to)
+		t.Logf("%s: last grant %v after the call; %d grants from %v after it to its end",
+			what, lastAfter.Round(time.Millisecond), during, hearing)
 		if during != 0 {
 			t.Errorf("%s: %d grants during the pause", what, during)
 		}
