@@ -35,10 +35,11 @@ type tenantRun struct {
 
 // runTenants runs 2 processes of 15 goroutines for a heavy tenant and 2
 // for a light one on a bucket of lim, all backlogged; the heavy ones stop
-// after 11.5 s, their waits ended by their deadline, and the light ones
-// after 14 s: both run together for about 10 s. With weights, the Limiters share the bucket by them;
-// without, the processes name no tenant.
-func runTenants(t *testing.T, lim Limit, weights map[string]float64) tenantRun {
+// after both + 1.5 s, their waits ended by their deadline, and the light
+// ones 2.5 s later: both run together for about both. With weights, the
+// Limiters share the bucket by them; without, the processes name no
+// tenant.
+func runTenants(t *testing.T, lim Limit, weights map[string]float64, both time.Duration) tenantRun {
 	t.Helper()
 	srv := redistest.Start(t)
 	spec := func(tenant string, d time.Duration) workerSpec {
@@ -48,8 +49,8 @@ func runTenants(t *testing.T, lim Limit, weights map[string]float64) tenantRun {
 		}
 		return s
 	}
-	heavy := startWorkers(t, 2, spec("heavy", 11500*time.Millisecond))
-	light := startWorkers(t, 2, spec("light", 14*time.Second))
+	heavy := startWorkers(t, 2, spec("heavy", both+1500*time.Millisecond))
+	light := startWorkers(t, 2, spec("light", both+4*time.Second))
 	hreps, lreps := heavy.wait(t), light.wait(t)
 	hs, ls := mergeStamps(hreps), mergeStamps(lreps)
 
@@ -93,7 +94,7 @@ func TestTenantsShareTheRate(t *testing.T) {
 	redistest.Long(t)
 	t.Parallel()
 	lim := Limit{Rate: 20, Burst: 5}
-	run := runTenants(t, lim, map[string]float64{"heavy": 3, "light": 1})
+	run := runTenants(t, lim, map[string]float64{"heavy": 3, "light": 1}, 10*time.Second)
 	t.Logf("weights 3 and 1: the heavy tenant had %.3f of %d grants in %v; busiest 1s %d (bound %d); the light one alone %.1f/s from 0.5 s after the heavy one stopped; %.2f script calls a grant",
 		run.share, run.both, run.window.Round(time.Millisecond), run.busiest, bound(lim, time.Second), run.lightRate, run.calls)
 	if math.Abs(run.share-0.75) > 0.05 {
@@ -113,11 +114,12 @@ func TestTenantsShareTheRate(t *testing.T) {
 }
 
 // The negative control: the same processes naming no tenant share the
-// bucket as they arrive, half and half.
+// bucket as they arrive, half and half (measured over 5 s: a share is
+// what it tells).
 func TestTenantsShareTheRateCatchesOneQueue(t *testing.T) {
 	redistest.Long(t)
 	t.Parallel()
-	run := runTenants(t, Limit{Rate: 20, Burst: 5}, nil)
+	run := runTenants(t, Limit{Rate: 20, Burst: 5}, nil, 5*time.Second)
 	t.Logf("no tenants: the heavy processes had %.3f of %d grants", run.share, run.both)
 	if run.share > 0.65 {
 		t.Errorf("without tenants the heavy processes had %.3f of the grants, want about half", run.share)

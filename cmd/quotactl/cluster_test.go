@@ -40,6 +40,7 @@ func namesOnEveryMaster(t *testing.T, c *redistest.Cluster, perMaster int) []str
 // a bucket whichever master serves it.
 func TestClusterNode(t *testing.T) {
 	redistest.Long(t)
+	t.Parallel()
 	c := redistest.StartCluster(t, 3, 0)
 	ctx := context.Background()
 	l := quota.NewLimiter(c.Client(t))

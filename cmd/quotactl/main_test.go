@@ -741,6 +741,7 @@ func TestRedisURL(t *testing.T) {
 // is an error of Redis, exit 1.
 func TestTLSURL(t *testing.T) {
 	redistest.Long(t)
+	t.Parallel()
 	srv := redistest.Start(t)
 	code, _, errOut := quotaRun(map[string]string{"REDIS_URL": "rediss://" + srv.Addr()}, "status", "x")
 	if code != 1 || !strings.Contains(errOut, "redis at "+srv.Addr()) {
@@ -751,6 +752,7 @@ func TestTLSURL(t *testing.T) {
 // TestCluster: a comma-separated -redis is a Cluster's nodes.
 func TestCluster(t *testing.T) {
 	redistest.Long(t)
+	t.Parallel()
 	c := redistest.StartCluster(t, 3, 0)
 	ctx := context.Background()
 	l := quota.NewLimiter(c.Client(t))

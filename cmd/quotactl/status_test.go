@@ -52,6 +52,7 @@ func (a *arrivals) window(until time.Time, n int) int {
 // gold (three quarters) is under it, and whether a take of gold's waits
 // at a given instant is chance.
 func TestStatusOfAFleet(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	provider := &arrivals{n: map[int64]int{}}
 	api := httptest.NewServer(provider)

@@ -100,6 +100,7 @@ func (f *fleet) waitGrants(t *testing.T, names ...string) {
 // reads each from its own, from the nodes' list as from one node.
 func TestTopCluster(t *testing.T) {
 	redistest.Long(t)
+	t.Parallel()
 	tmux := needTmux(t)
 	bin := buildQuotactl(t)
 	c := redistest.StartCluster(t, 3, 0)

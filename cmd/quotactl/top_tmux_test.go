@@ -169,6 +169,7 @@ func clockOf(screen string) string {
 // and on Ctrl-C from "top NAME".
 func TestTopTmux(t *testing.T) {
 	redistest.Long(t)
+	t.Parallel()
 	tmux := needTmux(t)
 	srv := redistest.Start(t)
 	bin := buildQuotactl(t)
