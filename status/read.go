@@ -13,6 +13,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/sharedquota/quota/internal/daily"
 	"github.com/sharedquota/quota/internal/slots"
 	"github.com/sharedquota/quota/internal/store"
 )
@@ -159,7 +160,7 @@ func (r *rec) layer(i int, sfx, tat string) (Layer, bool) {
 		}
 		rate, burst, _ := strings.Cut(lim, "/")
 		if strings.HasPrefix(rate, "d") {
-			return Layer{}, false // a daily layer's (internal/daily), a count this does not reckon
+			return r.daily(l, rate, burst, sfx, tat)
 		}
 		l.Rate, l.Burst = parse(&r.errs, rate), parse(&r.errs, burst)
 	}
@@ -175,6 +176,34 @@ func (r *rec) layer(i int, sfx, tat string) (Layer, bool) {
 	l.Tokens, l.Queue = l.Burst, 0
 	if tat != "" {
 		l.Tokens, l.Queue = level(l, parse(&r.errs, tat)-r.shifted(), r.now)
+	}
+	l.Granted, l.GrantedUntil = r.history(sfx)
+	return l, true
+}
+
+// daily returns the daily layer (internal/daily) l whose key ends in sfx,
+// spec (daily.Key) and count n naming it, and which holds tat: its count
+// today and tomorrow, as daily.lua reads them.
+func (r *rec) daily(l Layer, spec, n, sfx, tat string) (Layer, bool) {
+	count := parse(&r.errs, n)
+	at, loc, err := daily.ParseKey(spec)
+	if !(count > 0) || at < 0 {
+		return Layer{}, false
+	}
+	l.Rate, l.Burst, l.Tokens = daily.Rate(count), count, count
+	l.Daily = &Daily{Reset: at, Zone: strings.ReplaceAll(spec[strings.IndexByte(spec, '@')+1:], ".", "/")}
+	if err == nil {
+		d := l.Daily
+		d.Zone = loc.String()
+		v := 0.0
+		if tat != "" {
+			v = parse(&r.errs, tat)
+		}
+		d.Used, d.Tomorrow, d.Ends = daily.Count(v, time.UnixMicro(r.now), count, at, loc)
+		l.Tokens = count - d.Used
+		if d.Used >= count {
+			l.Queue = d.Ends.Sub(time.UnixMicro(r.now)) // the next take counts against tomorrow
+		}
 	}
 	l.Granted, l.GrantedUntil = r.history(sfx)
 	return l, true

@@ -69,6 +69,11 @@ type Layer struct {
 	Burst    float64
 	Override bool
 	Learned  *Learned
+	// Daily, when not nil, tells that the layer is a daily quota
+	// (quota.Daily), a count and not a rate: Rate is its average, Burst
+	// its count, and Tokens what is left of it today. A first layer's is
+	// not told: its record names no count.
+	Daily *Daily
 	// Tokens is what the layer holds now, out of Burst; below zero when
 	// grants are queued beyond it. Queue is how long until the last grant
 	// already given falls due: how long a caller arriving now would wait,
@@ -96,6 +101,20 @@ type Learned struct {
 	CutAt   time.Time
 	CutFrom float64
 	Why     string
+}
+
+// Daily is what a daily quota (quota.Daily) counted.
+type Daily struct {
+	// Reset is the time of day it refills at, in the zone named Zone.
+	Reset time.Duration
+	Zone  string
+	// Used is what it counted today, out of the layer's Burst; Tomorrow,
+	// what the takes that found today spent counted against the next day.
+	Used, Tomorrow float64
+	// Ends is when today ends and the count refills. It is the zero Time,
+	// and Used and Tomorrow are 0, when this machine does not know the
+	// zone (its time zone database lacks it).
+	Ends time.Time
 }
 
 // History is the most seconds a Layer's Granted holds.

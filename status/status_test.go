@@ -310,3 +310,43 @@ func TestResumesAt(t *testing.T) {
 		}
 	}
 }
+
+// A daily layer (quota.Daily) reads as its count: what is used today, what
+// is left, and when the day ends, in its zone.
+func TestDailyLayer(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	ctx := context.Background()
+	la, err := time.LoadLocation("America/Los_Angeles")
+	if err != nil {
+		t.Skip(err)
+	}
+	// Reset half a day from now, so that the takes and the read fall in
+	// one day.
+	reset := time.Now().In(la).Add(12 * time.Hour)
+	at := time.Duration(reset.Hour())*time.Hour + time.Duration(reset.Minute())*time.Minute
+	l := quota.NewLimiter(rdb)
+	rate, day := quota.PerSecond(100), quota.Daily(5, at, la)
+	for range 3 {
+		if ok, err := l.AllowN(ctx, "api", 1, rate, day); !ok || err != nil {
+			t.Fatalf("a take of a day of 5: %v, %v", ok, err)
+		}
+	}
+	b := read(t, rdb, "api")
+	if len(b.Layers) != 2 || b.Layers[1].Daily == nil {
+		t.Fatalf("layers %+v, want the rate's and the day's", b.Layers)
+	}
+	d, l1 := b.Layers[1].Daily, b.Layers[1]
+	t.Logf("the day's layer: %+v, %+v", l1, *d)
+	if l1.Burst != 5 || l1.Tokens != 2 || l1.Queue != 0 || d.Used != 3 || d.Tomorrow != 0 || d.Reset != at || d.Zone != "America/Los_Angeles" {
+		t.Errorf("a day of 5 with 3 taken reads %v tokens of %v, queue %v, %+v; want 2 of 5, 3 used, reset %v in America/Los_Angeles",
+			l1.Tokens, l1.Burst, l1.Queue, *d, at)
+	}
+	if left := d.Ends.Sub(b.Now); d.Ends.In(la).Hour() != reset.Hour() || d.Ends.In(la).Minute() != reset.Minute() || left <= 11*time.Hour || left > 13*time.Hour {
+		t.Errorf("the day ends at %v, %v from now; want at %02d:%02d, about 12 h from now", d.Ends.In(la), left, reset.Hour(), reset.Minute())
+	}
+	if b.Layers[0].Daily != nil {
+		t.Errorf("the rate layer reads as daily: %+v", b.Layers[0])
+	}
+}

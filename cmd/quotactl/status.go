@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/sharedquota/quota"
+	"github.com/sharedquota/quota/internal/daily"
 	"github.com/sharedquota/quota/status"
 )
 
@@ -49,6 +50,16 @@ type layerJSON struct {
 	PerSecond    float64      `json:"granted_per_second"`
 	Granted      []float64    `json:"granted"`
 	Learned      *learnedJSON `json:"learned"`
+	Daily        *dailyJSON   `json:"daily"`
+}
+
+// dailyJSON is a daily layer's status.Daily.
+type dailyJSON struct {
+	Reset    string  `json:"reset"`
+	Zone     string  `json:"zone"`
+	Used     float64 `json:"used"`
+	Tomorrow float64 `json:"tomorrow"`
+	Ends     *string `json:"ends"`
 }
 
 // learnedJSON is a layer's status.Learned.
@@ -133,6 +144,14 @@ func statusObject(st quota.Status, now time.Time) statusJSON {
 			}
 			j.Layers[len(j.Layers)-1].Learned = lj
 		}
+		if d := l.Daily; d != nil {
+			dj := &dailyJSON{Reset: daily.Clock(d.Reset), Zone: d.Zone, Used: round(d.Used, 3), Tomorrow: round(d.Tomorrow, 3)}
+			if !d.Ends.IsZero() {
+				ends := fmtTime(d.Ends)
+				dj.Ends = &ends
+			}
+			j.Layers[len(j.Layers)-1].Daily = dj
+		}
 		j.GrantedUntil = fmtTime(l.GrantedUntil)
 	}
 	for _, c := range st.Classes {
@@ -203,6 +222,12 @@ func statusText(st quota.Status, now time.Time) string {
 			lim := fmtRate(l.Rate) + ", burst " + fmtNum(l.Burst)
 			if l.Override {
 				lim += " (override)"
+			}
+			if d := l.Daily; d != nil {
+				lim = fmtNum(l.Burst) + " a day from " + daily.Clock(d.Reset) + " " + d.Zone
+				if !d.Ends.IsZero() {
+					lim += fmt.Sprintf(", %s used, refills in %v", fmtNum(round(d.Used, 2)), d.Ends.Sub(st.Now).Round(time.Second))
+				}
 			}
 			fmt.Fprintf(w, "  %s\t%s\t%s\t%v\t%s\t\n", cmp.Or(l.Meter, "-"), lim, fmtNum(round(l.Tokens, 2)),
 				l.Queue.Round(time.Millisecond), fmtNum(round(l.PerSecond(rateWindow), 2)))

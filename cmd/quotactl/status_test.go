@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"math"
 	"net/http"
 	"net/http/httptest"
@@ -188,5 +189,34 @@ func TestStatusTellsTheLearnedRate(t *testing.T) {
 	if out := mustRun(t, nil, "-redis", srv.Addr(), "status", "learning"); !strings.Contains(out, "limit    45/s, burst 135 (learned; see below)") ||
 		!strings.Contains(out, "learned  rate 45/s (ceiling 50/s, floor 150/m), cut from 50/s at ") {
 		t.Errorf("status tells:\n%s", out)
+	}
+}
+
+// A daily layer's count: quotactl status tells what is used and when the
+// day refills, in text and JSON.
+func TestStatusTellsTheDay(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	l := quota.NewLimiter(srv.Client(t))
+	// Reset half a day from now: the takes and the reads fall in one day.
+	hour := time.Now().UTC().Add(12 * time.Hour).Hour()
+	day := quota.Daily(5, time.Duration(hour)*time.Hour, time.UTC)
+	for range 3 {
+		if ok, err := l.AllowN(context.Background(), "api", 1, quota.PerSecond(100), day); !ok || err != nil {
+			t.Fatalf("a take of a day of 5: %v, %v", ok, err)
+		}
+	}
+	out := mustRun(t, nil, "-redis", srv.Addr(), "status", "api")
+	t.Logf("quotactl status api:\n%s", out)
+	if !strings.Contains(out, fmt.Sprintf("5 a day from %02d:00 UTC, 3 used, refills in ", hour)) {
+		t.Errorf("status tells no day of 5 with 3 used:\n%s", out)
+	}
+	var st statusJSON
+	if err := json.Unmarshal([]byte(mustRun(t, nil, "-redis", srv.Addr(), "-json", "status", "api")), &st); err != nil {
+		t.Fatal(err)
+	}
+	if len(st.Layers) != 2 || st.Layers[1].Daily == nil || st.Layers[1].Daily.Used != 3 || st.Layers[1].Daily.Zone != "UTC" ||
+		st.Layers[1].Daily.Reset != fmt.Sprintf("%02d:00", hour) || st.Layers[1].Daily.Ends == nil || st.Layers[1].Tokens != 2 {
+		t.Errorf("status -json tells the layers %+v; want a second, daily, 3 used of 5 and its end", st.Layers)
 	}
 }

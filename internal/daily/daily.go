@@ -6,6 +6,7 @@
 package daily
 
 import (
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -98,6 +99,51 @@ func Spec(now time.Time, n float64, at time.Duration, loc *time.Location) string
 func Key(at time.Duration, loc *time.Location) string {
 	zone := strings.NewReplacer("/", ".", ":", ".", "}", ")", "{", "(", " ", "_").Replace(loc.String())
 	return "d" + strings.ReplaceAll(Clock(at), ":", "") + "@" + zone
+}
+
+// ParseKey reads what Key wrote: the time of day and the zone. A zone
+// whose name Key changed other than its '/' (none of the IANA names) is
+// not found, and neither is one this machine's time zone database lacks.
+func ParseKey(s string) (time.Duration, *time.Location, error) {
+	clock, zone, ok := strings.Cut(s, "@")
+	if !ok || len(clock) < 5 || clock[0] != 'd' {
+		return 0, nil, fmt.Errorf("daily: %q is no daily key", s)
+	}
+	h, err1 := strconv.Atoi(clock[1:3])
+	m, err2 := strconv.Atoi(clock[3:5])
+	at := time.Duration(h)*time.Hour + time.Duration(m)*time.Minute
+	if rest := clock[5:]; rest != "" {
+		secs, err := time.ParseDuration(rest + "s")
+		if err != nil {
+			return 0, nil, fmt.Errorf("daily: %q is no daily key", s)
+		}
+		at += secs
+	}
+	if err := errors.Join(err1, err2); err != nil || at < 0 || at >= 24*time.Hour {
+		return 0, nil, fmt.Errorf("daily: %q is no daily key", s)
+	}
+	loc, err := time.LoadLocation(strings.ReplaceAll(zone, ".", "/"))
+	return at, loc, err
+}
+
+// Count reads a daily layer's key, v (see daily.lua: e + u x w, the day
+// that ends at the reset e counted u tokens of w µs), at now, for n tokens
+// a day reset at at in loc: what today counted, what tomorrow did (takes
+// that found today spent), and when today ends.
+func Count(v float64, now time.Time, n float64, at time.Duration, loc *time.Location) (today, tomorrow float64, ends time.Time) {
+	r := Resets(now, at, loc)
+	end, next := r[1], r[2]
+	if !now.Before(r[1]) {
+		end, next = r[2], r[3]
+	}
+	w := float64(Unit(n))
+	switch e1, e2 := float64(end.UnixMicro()), float64(next.UnixMicro()); {
+	case v >= e2:
+		return n, (v - e2) / w, end
+	case v >= e1:
+		return (v - e1) / w, 0, end
+	}
+	return 0, 0, end // a day that has ended: its key tells nothing
 }
 
 // Clock returns the time of day at as "15:04", with seconds and a

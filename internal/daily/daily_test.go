@@ -90,3 +90,64 @@ func TestCheckKeyString(t *testing.T) {
 		t.Errorf("String: %q, want %q", got, want)
 	}
 }
+
+// ParseKey reads back what Key writes: the time of day, to the
+// nanosecond, and the zone.
+func TestParseKey(t *testing.T) {
+	la, err := time.LoadLocation("America/Los_Angeles")
+	if err != nil {
+		t.Skip(err)
+	}
+	for _, tc := range []struct {
+		at  time.Duration
+		loc *time.Location
+	}{
+		{0, time.UTC},
+		{23*time.Hour + 59*time.Minute, la},
+		{7*time.Hour + 30*time.Second, la},
+		{90*time.Second + 250*time.Millisecond, time.UTC},
+		{time.Nanosecond, la},
+	} {
+		key := Key(tc.at, tc.loc)
+		at, loc, err := ParseKey(key)
+		if err != nil || at != tc.at || loc.String() != tc.loc.String() {
+			t.Errorf("ParseKey(%q) = %v, %v, %v; want %v, %v", key, at, loc, err, tc.at, tc.loc)
+		}
+	}
+	for _, bad := range []string{"", "d0000", "0000@UTC", "d00@UTC", "d2400@UTC", "dab00@UTC", "d0000x@UTC", "d0000@Nowhere.Land"} {
+		if _, _, err := ParseKey(bad); err == nil {
+			t.Errorf("ParseKey(%q): no error", bad)
+		}
+	}
+}
+
+// Count reads a key as daily.lua writes it: today's count, tomorrow's
+// once today is spent, and nothing of a day that ended.
+func TestCount(t *testing.T) {
+	la, err := time.LoadLocation("America/Los_Angeles")
+	if err != nil {
+		t.Skip(err)
+	}
+	now := time.Date(2026, 3, 8, 12, 0, 0, 0, la) // a day of 23 hours
+	end := time.Date(2026, 3, 9, 0, 0, 0, 0, la)
+	next := time.Date(2026, 3, 10, 0, 0, 0, 0, la)
+	const n = 1500
+	w := float64(Unit(n))
+	at := func(t time.Time, u float64) float64 { return float64(t.UnixMicro()) + u*w }
+	for _, tc := range []struct {
+		what            string
+		v               float64
+		today, tomorrow float64
+	}{
+		{"an empty key", 0, 0, 0},
+		{"a day that ended", at(time.Date(2026, 3, 8, 0, 0, 0, 0, la), 700), 0, 0},
+		{"today, 312 counted", at(end, 312), 312, 0},
+		{"today spent", at(end, n), n, 0},
+		{"tomorrow, 4 counted", at(next, 4), n, 4},
+	} {
+		today, tomorrow, ends := Count(tc.v, now, n, 0, la)
+		if today != tc.today || tomorrow != tc.tomorrow || !ends.Equal(end) {
+			t.Errorf("%s: %v, %v, %v; want %v, %v, %v", tc.what, today, tomorrow, ends, tc.today, tc.tomorrow, end)
+		}
+	}
+}
