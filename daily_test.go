@@ -88,9 +88,11 @@ func TestDailyLayerAllOrNothing(t *testing.T) {
 	if !allow(2) {
 		t.Fatal("the next day, 2 of the rate layer's burst: refused")
 	}
-	// Status tells the rate layer, and leaves the daily one unknown.
-	if st, err := l.Status(ctx, "api"); err != nil || len(st.Layers) != 1 || st.Layers[0].Rate != 1 {
-		t.Errorf("Status: %v, %+v; want the rate layer alone", err, st.Layers)
+	// Status tells the rate layer, and the day's count: the new day's 2.
+	st, err := l.Status(ctx, "api")
+	if err != nil || len(st.Layers) != 2 || st.Layers[0].Rate != 1 || st.Layers[1].Daily == nil ||
+		st.Layers[1].Daily.Used != 2 || st.Layers[1].Tokens != 3 || st.Layers[1].Burst != 5 {
+		t.Errorf("Status: %v, %+v; want the rate layer, then the day's with 2 used of 5", err, st.Layers)
 	}
 }
 
