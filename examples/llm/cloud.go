@@ -69,24 +69,7 @@ func askAzure(ctx context.Context, hc *http.Client, cfg config, out io.Writer) e
 		MaxCompletionTokens: openai.Int(maxTokens),
 		Messages:            []openai.ChatCompletionMessageParamUnion{openai.UserMessage(cfg.Prompt)},
 	}
-	resp, err := client.Chat.Completions.New(ctx, params)
-	if err != nil {
-		return err
-	}
-	printCompletion(out, "azure", resp)
-
-	params.StreamOptions = openai.ChatCompletionStreamOptionsParam{IncludeUsage: openai.Bool(true)}
-	stream := client.Chat.Completions.NewStreaming(ctx, params)
-	defer stream.Close()
-	var whole openai.ChatCompletionAccumulator
-	for stream.Next() {
-		whole.AddChunk(stream.Current())
-	}
-	if err := stream.Err(); err != nil {
-		return err
-	}
-	printCompletion(out, "azure stream", &whole.ChatCompletion)
-	return nil
+	return chat(ctx, client, params, "azure", out)
 }
 
 // bedrockClient returns a Bedrock runtime client that sends through hc,

@@ -161,14 +161,20 @@ func askOpenAI(ctx context.Context, hc *http.Client, cfg config, out io.Writer) 
 		Messages:            []openai.ChatCompletionMessageParamUnion{openai.UserMessage(cfg.Prompt)},
 	}
 
+	return chat(ctx, client, params, "openai", out)
+}
+
+// chat sends params to client's chat completions, then again as a stream,
+// and prints both answers under label. include_usage makes the stream's
+// last chunk carry its usage, which the Transport settles the reservation
+// with.
+func chat(ctx context.Context, client openai.Client, params openai.ChatCompletionNewParams, label string, out io.Writer) error {
 	resp, err := client.Chat.Completions.New(ctx, params)
 	if err != nil {
 		return err
 	}
-	printCompletion(out, "openai", resp)
+	printCompletion(out, label, resp)
 
-	// include_usage makes the stream's last chunk carry its usage, which
-	// the Transport settles the reservation with.
 	params.StreamOptions = openai.ChatCompletionStreamOptionsParam{IncludeUsage: openai.Bool(true)}
 	stream := client.Chat.Completions.NewStreaming(ctx, params)
 	defer stream.Close()
@@ -179,7 +185,7 @@ func askOpenAI(ctx context.Context, hc *http.Client, cfg config, out io.Writer) 
 	if err := stream.Err(); err != nil {
 		return err
 	}
-	printCompletion(out, "openai stream", &whole.ChatCompletion)
+	printCompletion(out, label+" stream", &whole.ChatCompletion)
 	return nil
 }
 
