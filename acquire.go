@@ -65,9 +65,7 @@ func (l *Limiter) acquire(ctx context.Context, name string, o ask) (_ *Slot, err
 		o.class = priorityOf(ctx)
 	}
 	o.shares = l.cfg.minShares
-	if o.pool == nil {
-		l.weigh(ctx, &o) // a pool's takes are for no tenant
-	}
+	l.weigh(ctx, &o)
 	ctx, span := l.obs.Start(ctx, name, o.n)
 	span.Mode, span.DryRun, span.Priority = l.mode().String(), l.cfg.dryRun, o.class
 	if o.weight > 0 {

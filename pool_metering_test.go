@@ -19,7 +19,10 @@ import (
 // A metered pool: three Anthropic deployments, each a fake of its own
 // whose output tokens a, b and c allow 16,000, 8,000 and 4,000 a second
 // (a minute's limits, sixty times faster), each deployment's Limits in
-// the fleet at 95% of its own. Three Transports WithMetering and WithPool,
+// the fleet at 95% of its own. A fake's output bucket holds one and a half
+// seconds of its rate: the fleet's burst leaves it 5% of a second, which
+// requests granted apart and bunched on their way by a loaded machine's
+// stalls overdrew (3 429s beside other tests). Three Transports WithMetering and WithPool,
 // 8 goroutines each, send requests of max_tokens 1,000 for 5 s: the fleet
 // uses at least 0.9 of the deployments' summed output tokens from 2 s in,
 // with no 429, one pool take and at most one settle a request. The
@@ -37,7 +40,7 @@ func TestPoolMetered(t *testing.T) {
 			p := &llmfake.Server{Kind: llmfake.Anthropic, Latency: 100 * time.Millisecond, Limits: llmfake.Limits{
 				Requests:     llmfake.Bucket{Rate: 200, Burst: 200},
 				InputTokens:  llmfake.Bucket{Rate: 400000, Burst: 400000},
-				OutputTokens: llmfake.Bucket{Rate: out, Burst: out},
+				OutputTokens: llmfake.Bucket{Rate: out, Burst: 1.5 * out},
 			}}
 			s := httptest.NewServer(p)
 			defer s.Close()

@@ -64,8 +64,8 @@ func NewTransport(rdb redis.Scripter, lim Limit, opts ...TransportOption) *Trans
 		panic("quota: NewTransport with WithLimiter and an Option of the Limiter's own (WithPrefix, WithPolicy, ...), which would have no effect: give it to NewLimiter")
 	}
 	if p := cfg.tr.pool; p != nil {
-		if cfg.tr.concurrency > 0 || cfg.tr.tenant != nil || l.cfg.tenants != nil {
-			panic("quota: NewTransport with WithPool and WithConcurrency, WithTenant or a Limiter WithTenants, which a pool does not serve")
+		if cfg.tr.concurrency > 0 {
+			panic("quota: NewTransport with WithPool and WithConcurrency, which a pool does not serve")
 		}
 		if m := cfg.tr.metering; m != nil {
 			p.Fit(1 + len(m.Meters))
@@ -317,10 +317,9 @@ func (t *Transport) learn(ctx context.Context, name string, o ask, resp *http.Re
 // most room relative to its Limits; a last resort only when no other
 // grants at once. route returns the request for that deployment (its URL,
 // its credentials), leaving req as it is. A Retry-After, a settle and the
-// provider's headers go to the deployment that answered. A pool's takes
-// are for no tenant (see docs/pools.md). It panics on a pool it cannot
-// serve, saying why; NewTransport panics beside WithConcurrency,
-// WithTenant or a Limiter WithTenants.
+// provider's headers go to the deployment that answered. Tenants share
+// each deployment by weight (see docs/pools.md). It panics on a pool it
+// cannot serve, saying why; NewTransport panics beside WithConcurrency.
 func WithPool(route func(req *http.Request, deployment string) *http.Request, limits map[string][]Limit, lastResort ...string) TransportOption {
 	p, err := pool.New(slices.Collect(maps.Keys(limits)), lastResort, route)
 	for _, d := range p.Names {

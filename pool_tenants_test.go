@@ -1,0 +1,125 @@
+package quota
+
+import (
+	"context"
+	"math"
+	"net/http"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sharedquota/quota/internal/redistest"
+)
+
+// sentAt is a base RoundTripper that records when each request it sends
+// went, then sends it with next.
+type sentAt struct {
+	next http.RoundTripper
+	mu   sync.Mutex
+	at   []time.Time
+}
+
+func (s *sentAt) RoundTrip(req *http.Request) (*http.Response, error) {
+	s.mu.Lock()
+	s.at = append(s.at, time.Now())
+	s.mu.Unlock()
+	return s.next.RoundTrip(req)
+}
+
+// in counts the requests sent in [from, to).
+func (s *sentAt) in(from, to time.Time) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, at := range s.at {
+		if !at.Before(from) && at.Before(to) {
+			n++
+		}
+	}
+	return n
+}
+
+// runPoolTenants runs two tenants on a pool of a, b and c at a fifth of
+// poolLimits (40 requests a second in all): heavy, weight 1, in 24
+// goroutines over two Transports, and light, weight 2, in 12 over two
+// more, each Transport with a Redis client of its own, for 6 s. It
+// returns heavy's share of the requests sent from 2 s to 6 s, their count,
+// the 429s, and the pool takes a request sent. With tenants false, the
+// Transports name none.
+func runPoolTenants(t *testing.T, tenants bool) (share float64, sent, refused int, takes float64) {
+	srv := redistest.Start(t)
+	provider := newPoolProvider(t)
+	lims := map[string][]Limit{}
+	for d, lim := range poolLimits {
+		lims[d] = []Limit{{Rate: lim.Rate / 5, Burst: 1000}}
+	}
+	// No deadline: a caller whose wait would pass one is refused at once,
+	// and its goroutine would ask again at once.
+	ctx, cancel := context.WithCancel(t.Context())
+	defer time.AfterFunc(6*time.Second, cancel).Stop()
+	start := time.Now()
+	base := &http.Transport{MaxIdleConnsPerHost: 36}
+	cmds := newCmdCounter()
+	client := func() *redis.Client {
+		rdb := srv.Client(t)
+		rdb.AddHook(cmds)
+		return rdb
+	}
+	run := func(tenant string, goroutines int) (*sentAt, *sync.WaitGroup) {
+		s := &sentAt{next: base}
+		opts := []TransportOption{WithPool(poolRoute, lims), WithBase(s)}
+		if tenants {
+			opts = append(opts, WithTenants(Tenants{Weights: map[string]float64{"heavy": 1, "light": 2}}),
+				WithTenant(func(*http.Request) string { return tenant }))
+		}
+		return s, poolFleet(ctx, t, provider, []*redis.Client{client(), client()}, goroutines, 0, opts...)
+	}
+	heavy, hwg := run("heavy", 24)
+	light, lwg := run("light", 12)
+	hwg.Wait()
+	lwg.Wait()
+	from, to := start.Add(2*time.Second), start.Add(6*time.Second)
+	h, l := heavy.in(from, to), light.in(from, to)
+	if h+l > 0 {
+		share = float64(h) / float64(h+l)
+	}
+	all := len(heavy.at) + len(light.at)
+	return share, h + l, provider.count(0, time.Hour, http.StatusTooManyRequests), float64(cmds.byOp()["pool"]) / float64(all)
+}
+
+// Tenants share a pool by weight: heavy, weight 1, asking from twice as
+// many goroutines as light, weight 2, has a third of what the pool grants
+// while both wait, and the pool's deployments are used whole, with no
+// 429.
+func TestPoolTenants(t *testing.T) {
+	redistest.Long(t)
+	t.Parallel()
+	share, sent, refused, takes := runPoolTenants(t, true)
+	t.Logf("weights 1 and 2, 24 and 12 goroutines: the heavy tenant had %.3f of %d requests in 4 s, %d 429s, %.2f pool takes a request", share, sent, refused, takes)
+	if math.Abs(share-1.0/3) > 0.07 {
+		t.Errorf("the heavy tenant had %.3f of the requests, want 0.333 ± 0.07", share)
+	}
+	if want := 0.9 * 40 * 4; float64(sent) < want {
+		t.Errorf("%d requests in 4 s, want at least %.0f: 0.9 of the pool's 40 a second", sent, want)
+	}
+	if refused > 0 {
+		t.Errorf("%d 429s, want none", refused)
+	}
+	if takes > 4 {
+		t.Errorf("%.2f pool takes a request, want at most 4: a held take asks again when its turn is due, not in a loop", takes)
+	}
+}
+
+// The negative control: the same Transports naming no tenant share the
+// pool as they ask, the heavy tenant's goroutines about two thirds.
+func TestPoolTenantsCatchesOneQueue(t *testing.T) {
+	redistest.Long(t)
+	t.Parallel()
+	share, sent, _, takes := runPoolTenants(t, false)
+	t.Logf("no tenants, 24 and 12 goroutines: the heavy ones had %.3f of %d requests in 4 s, %.2f pool takes a request", share, sent, takes)
+	if share < 0.55 {
+		t.Errorf("the heavy goroutines had %.3f of the requests with no tenants, want about 0.667: the control tells nothing", share)
+	}
+}
