@@ -85,15 +85,19 @@ func (l *Limiter) acquire(ctx context.Context, name string, o ask) (_ *Slot, err
 	if err != nil {
 		return nil, err
 	}
+	tokens := &o // asked with the slot, in its call
 	if o.pool != nil {
-		return nil, l.waitTokens(ctx, &span, b, o, nil) // each turn reads its deployments' records
-	}
-	if b, err = l.controlled(ctx, &span, b); err != nil {
-		return nil, err
-	}
-	span.Limit(b.Lims[0].Rate, b.Lims[0].Burst)
-	if err := b.checkCost(o.cost()); err != nil {
-		return nil, err
+		// Each turn reads its deployments' records; a slot is the pool's,
+		// and the tokens are asked once it is held.
+		tokens = nil
+	} else {
+		if b, err = l.controlled(ctx, &span, b); err != nil {
+			return nil, err
+		}
+		span.Limit(b.Lims[0].Rate, b.Lims[0].Burst)
+		if err := b.checkCost(o.cost()); err != nil {
+			return nil, err
+		}
 	}
 	if o.slots == 0 {
 		return nil, l.waitTokens(ctx, &span, b, o, nil)
@@ -106,7 +110,7 @@ func (l *Limiter) acquire(ctx context.Context, name string, o ask) (_ *Slot, err
 	if err := l.awaitPause(ctx, &span, b, &o); err != nil {
 		return nil, err
 	}
-	slot, first, err := l.acquireSlot(ctx, &span, b, o.slots, o.noWait || span.DryRun, &o)
+	slot, first, err := l.acquireSlot(ctx, &span, b, o.slots, o.noWait || span.DryRun, tokens)
 	switch {
 	case err == slots.ErrNone && span.DryRun:
 		slot = nil // measured: it would have waited for a slot

@@ -5,6 +5,7 @@ import (
 	"math"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -121,5 +122,79 @@ func TestPoolTenantsCatchesOneQueue(t *testing.T) {
 	t.Logf("no tenants, 24 and 12 goroutines: the heavy ones had %.3f of %d requests in 4 s, %.2f pool takes a request", share, sent, takes)
 	if share < 0.55 {
 		t.Errorf("the heavy goroutines had %.3f of the requests with no tenants, want about 0.667: the control tells nothing", share)
+	}
+}
+
+// door is a base RoundTripper that holds each request for hold before it
+// sends it with next, and counts the requests in flight at it.
+type door struct {
+	next      http.RoundTripper
+	hold      time.Duration
+	now, most atomic.Int64
+}
+
+func (f *door) RoundTrip(req *http.Request) (*http.Response, error) {
+	n := f.now.Add(1)
+	defer f.now.Add(-1)
+	for m := f.most.Load(); n > m && !f.most.CompareAndSwap(m, n); m = f.most.Load() {
+	}
+	time.Sleep(f.hold)
+	return f.next.RoundTrip(req)
+}
+
+// runPoolSlots runs three Transports on a pool of a, b and c, with
+// WithConcurrency(slots) when slots > 0, 24 goroutines sending requests
+// that take 50 ms, for 2 s. It returns the most requests in flight, the
+// answers of each deployment, the 429s and the script calls by op.
+func runPoolSlots(t *testing.T, slots int) (most int, served map[string]int, refused int, ops map[string]int) {
+	srv := redistest.Start(t)
+	provider := newPoolProvider(t)
+	ctx, cancel := context.WithCancel(t.Context())
+	defer time.AfterFunc(2*time.Second, cancel).Stop()
+	f := &door{next: &http.Transport{MaxIdleConnsPerHost: 24}, hold: 50 * time.Millisecond}
+	opts := []TransportOption{WithPool(poolRoute, poolLayers), WithBase(f)}
+	if slots > 0 {
+		opts = append(opts, WithConcurrency(slots))
+	}
+	cmds := newCmdCounter()
+	var clients []*redis.Client
+	for range 3 {
+		rdb := srv.Client(t)
+		rdb.AddHook(cmds)
+		clients = append(clients, rdb)
+	}
+	poolFleet(ctx, t, provider, clients, 24, 0, opts...).Wait()
+	served = map[string]int{}
+	for _, d := range []string{"a", "b", "c"} {
+		served[d] = provider.count(0, time.Hour, http.StatusOK, d)
+	}
+	return int(f.most.Load()), served, provider.count(0, time.Hour, http.StatusTooManyRequests), cmds.byOp()
+}
+
+// WithConcurrency under a pool bounds the requests in flight to any of
+// its deployments: 4 slots, 24 goroutines over three Transports, never
+// more than 4 in flight, every deployment used, no 429, and the slots
+// kept busy. The negative control, no slots, has more in flight.
+func TestPoolSlots(t *testing.T) {
+	redistest.Long(t)
+	t.Parallel()
+	most, served, refused, ops := runPoolSlots(t, 4)
+	all := served["a"] + served["b"] + served["c"]
+	t.Logf("4 slots: at most %d in flight, %d requests in 2 s (%v), %d 429s; script calls %v", most, all, served, refused, ops)
+	if most > 4 {
+		t.Errorf("%d requests in flight, want at most the pool's 4 slots", most)
+	}
+	if served["a"] == 0 || served["b"] == 0 || served["c"] == 0 || refused > 0 {
+		t.Errorf("deployments served %v with %d 429s, want every one used and none refused", served, refused)
+	}
+	// 4 slots of 50 ms requests: 160 in 2 s at most; half of it, for a
+	// loaded machine's slower calls and hand-offs.
+	if all < 80 {
+		t.Errorf("%d requests in 2 s, want at least 80: the slots kept busy", all)
+	}
+	most, _, _, _ = runPoolSlots(t, 0)
+	t.Logf("the control, no slots: at most %d in flight", most)
+	if most <= 4 {
+		t.Errorf("%d requests in flight with no slots, want more than 4: the control tells nothing", most)
 	}
 }

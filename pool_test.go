@@ -327,9 +327,6 @@ func TestPoolPanics(t *testing.T) {
 		{"a last resort unknown", func() { WithPool(route, poolLayers, "x") }, `"x" is not one`},
 		{"a last resort twice", func() { WithPool(route, poolLayers, "c", "c") }, "twice"},
 		{"all last resorts", func() { WithPool(route, poolLayers, "a", "b", "c") }, "every deployment"},
-		{"slots", func() {
-			NewTransport(nil, PerSecond(1), WithLimiter(&Limiter{}), WithPool(route, poolLayers), WithConcurrency(2))
-		}, "WithConcurrency"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			defer func() {

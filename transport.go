@@ -64,9 +64,6 @@ func NewTransport(rdb redis.Scripter, lim Limit, opts ...TransportOption) *Trans
 		panic("quota: NewTransport with WithLimiter and an Option of the Limiter's own (WithPrefix, WithPolicy, ...), which would have no effect: give it to NewLimiter")
 	}
 	if p := cfg.tr.pool; p != nil {
-		if cfg.tr.concurrency > 0 {
-			panic("quota: NewTransport with WithPool and WithConcurrency, which a pool does not serve")
-		}
 		if m := cfg.tr.metering; m != nil {
 			p.Fit(1 + len(m.Meters))
 		} else {
@@ -163,8 +160,14 @@ func (t *Transport) send(req *http.Request, name string, o ask, slot *Slot) (*ht
 			b, _ := t.limiter.bucket(name, o.lims, o.meters...)
 			t.limiter.trip(b, err)
 		}
-		// The slot's lease ended before the request went: it queues again.
-		if slot, err = t.limiter.acquire(ctx, name, o); err != nil {
+		// The slot's lease ended before the request went: it queues again,
+		// for a slot alone when its tokens are a deployment's of a pool.
+		if p := o.pool; p != nil {
+			slot, err = t.limiter.acquireSlotSpan(ctx, p.Name, o.slots)
+		} else {
+			slot, err = t.limiter.acquire(ctx, name, o)
+		}
+		if err != nil {
 			closeBody(req)
 			return nil, err
 		}
@@ -318,8 +321,9 @@ func (t *Transport) learn(ctx context.Context, name string, o ask, resp *http.Re
 // grants at once. route returns the request for that deployment (its URL,
 // its credentials), leaving req as it is. A Retry-After, a settle and the
 // provider's headers go to the deployment that answered. Tenants share
-// each deployment by weight (see docs/pools.md). It panics on a pool it
-// cannot serve, saying why; NewTransport panics beside WithConcurrency.
+// each deployment by weight, and WithConcurrency's slots are the pool's,
+// held by the requests in flight to any of its deployments (see
+// docs/pools.md). It panics on a pool it cannot serve, saying why.
 func WithPool(route func(req *http.Request, deployment string) *http.Request, limits map[string][]Limit, lastResort ...string) TransportOption {
 	p, err := pool.New(slices.Collect(maps.Keys(limits)), lastResort, route)
 	for _, d := range p.Names {

@@ -27,6 +27,7 @@ type Pool struct {
 type Take struct {
 	*Pool
 	Chosen int
+	Name   string // the pool's, once sent
 }
 
 // MaxName bounds a deployment's name.
@@ -117,5 +118,6 @@ func (p *Pool) Buckets(prefix, name string, layers []store.Limit, meters []strin
 // name, which the take has checked, and req for that deployment.
 func (t *Take) Send(name string, req *http.Request) (string, *http.Request) {
 	d := t.Names[t.Chosen]
+	t.Name = name
 	return name + "}{" + d, t.Route(req, d)
 }
