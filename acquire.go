@@ -85,12 +85,10 @@ func (l *Limiter) acquire(ctx context.Context, name string, o ask) (_ *Slot, err
 	if err != nil {
 		return nil, err
 	}
-	tokens := &o // asked with the slot, in its call
-	if o.pool != nil {
-		// Each turn reads its deployments' records; a slot is the pool's,
-		// and the tokens are asked once it is held.
-		tokens = nil
-	} else {
+	// A pool's turns read its deployments' records, and ask its tokens
+	// once its slot, the pool's, is held; a bucket's come with its slot.
+	var tokens *ask
+	if o.pool == nil {
 		if b, err = l.controlled(ctx, &span, b); err != nil {
 			return nil, err
 		}
@@ -98,6 +96,7 @@ func (l *Limiter) acquire(ctx context.Context, name string, o ask) (_ *Slot, err
 		if err := b.checkCost(o.cost()); err != nil {
 			return nil, err
 		}
+		tokens = &o
 	}
 	if o.slots == 0 {
 		return nil, l.waitTokens(ctx, &span, b, o, nil)

@@ -321,8 +321,7 @@ func (t *Transport) learn(ctx context.Context, name string, o ask, resp *http.Re
 // grants at once. route returns the request for that deployment (its URL,
 // its credentials), leaving req as it is. A Retry-After, a settle and the
 // provider's headers go to the deployment that answered. Tenants share
-// each deployment by weight, and WithConcurrency's slots are the pool's,
-// held by the requests in flight to any of its deployments (see
+// each deployment by weight; WithConcurrency's slots are the pool's (see
 // docs/pools.md). It panics on a pool it cannot serve, saying why.
 func WithPool(route func(req *http.Request, deployment string) *http.Request, limits map[string][]Limit, lastResort ...string) TransportOption {
 	p, err := pool.New(slices.Collect(maps.Keys(limits)), lastResort, route)
