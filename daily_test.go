@@ -174,8 +174,9 @@ func TestDailyWaitsForTheReset(t *testing.T) {
 	if ok, err := l.Allow(ctx, "api", day); err != nil || ok {
 		t.Errorf("the new day's 3rd: %v, %v; want refused", ok, err)
 	}
-	if st, err := l.Status(ctx, "api"); err != nil || len(st.Layers) != 0 {
-		t.Errorf("Status of a bucket whose first layer is daily: %v, %+v; want no layer known", err, st.Layers)
+	// Status tells the day: both of the new day's 2 used.
+	if st, err := l.Status(ctx, "api"); err != nil || len(st.Layers) != 1 || st.Layers[0].Daily == nil || st.Layers[0].Daily.Used != 2 || st.Layers[0].Tokens != 0 {
+		t.Errorf("Status of a bucket whose first layer is daily: %v, %+v; want the day's layer, 2 used", err, st.Layers)
 	}
 }
 

@@ -149,8 +149,10 @@ func (r *rec) layer(i int, sfx, tat string) (Layer, bool) {
 		l.Rate, l.Burst, l.Override, l.Meter = r.num("rate"), r.num("burst"), true, r.f["meter"]
 	case i == 0:
 		rate, burst, ok := strings.Cut(r.f["seen"], " ")
-		if !ok || rate == "" { // none told, as for a daily Limit (a count this does not reckon)
+		if !ok || rate == "" { // none told
 			return Layer{}, false
+		} else if strings.HasPrefix(rate, "d") {
+			return r.daily(l, rate, burst, sfx, tat)
 		}
 		l.Rate, l.Burst, l.Meter = parse(&r.errs, rate), parse(&r.errs, burst), r.f["meter"]
 	default:

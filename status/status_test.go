@@ -349,4 +349,17 @@ func TestDailyLayer(t *testing.T) {
 	if b.Layers[0].Daily != nil {
 		t.Errorf("the rate layer reads as daily: %+v", b.Layers[0])
 	}
+	// A day as the first layer, before a rate: the record tells it.
+	for range 2 {
+		if ok, err := l.AllowN(ctx, "first", 1, day, rate); !ok || err != nil {
+			t.Fatalf("a take of a day of 5 first: %v, %v", ok, err)
+		}
+	}
+	b = read(t, rdb, "first")
+	if len(b.Layers) != 2 || b.Layers[0].Daily == nil || b.Layers[1].Daily != nil {
+		t.Fatalf("layers %+v, want the day's and the rate's", b.Layers)
+	}
+	if d, l0 := b.Layers[0].Daily, b.Layers[0]; l0.Burst != 5 || l0.Tokens != 3 || d.Used != 2 || d.Reset != at || d.Zone != "America/Los_Angeles" {
+		t.Errorf("a first day of 5 with 2 taken reads %v tokens of %v, %+v; want 3 of 5, 2 used, reset %v in America/Los_Angeles", l0.Tokens, l0.Burst, *d, at)
+	}
 }

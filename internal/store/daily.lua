@@ -27,15 +27,16 @@
 --
 -- A record operation knows no Limits: it finds a further daily layer by
 -- its key's name (internal/daily's Key), and a first one by its record's
--- "seen", which a Limiter leaves blank for a daily Limit. Such a layer is
--- true in days: a pause leaves its count as it is, and the key as it was.
+-- "seen", where a Limiter writes that name and the count ("d0800@UTC 5";
+-- a blank, from Limiters before it). Such a layer is true in days: a
+-- pause leaves its count as it is, and the key as it was.
 for i = 1, k do
   if not rates[i] then -- layers.lua reads a daily Limit as no Limit
     local spec = ARGV[limits + 2 * i - 1] or ''
     local a, b, c, d, w = string.match(spec, '^d(%d+),(%d+),(%d+),(%d+),(%d+)$')
     local n = tonumber(ARGV[limits + 2 * i])
     if spec == '' and (i > 1 and string.match(string.sub(KEYS[i], #KEYS[1] + 1), ':d%d+@[^:/]*/[^:/]+$')
-        or i == 1 and redis.call('HGET', ctl, 'seen') == ' ') then
+        or i == 1 and string.match(redis.call('HGET', ctl, 'seen') or '', '^[d ]')) then
       days = days or {}
       days[i] = true
     elseif a and n and n > 0 then

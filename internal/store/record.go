@@ -54,8 +54,8 @@ func (s *Store) Record(ctx context.Context, keys []string, op RecordOp) (Record,
 	args[recordOp], args[recordNow], args[recordUses], args[recordChannel], args[recordID] = op.Op, s.Now(), usesPlain, s.channel, op.ID
 	args[recordRate], args[recordBurst], args[recordLayers], args[recordHold], args[recordGrants], args[recordMeter] = "", "", op.Layers, "", op.Grants, op.Meter
 	args[recordLinger] = op.Linger
-	if op.Limit != (Limit{}) && op.Limit.Zone == nil { // a daily Limit's count is no rate: not told, unknown to status
-		args[recordRate], args[recordBurst] = redisx.Num(op.Limit.Rate), redisx.Num(op.Limit.Burst)
+	if op.Limit != (Limit{}) { // a daily Limit's rate is its key's name (daily.Key), which no rate is
+		args[recordRate], args[recordBurst] = op.Limit.name(), redisx.Num(op.Limit.Burst)
 	}
 	switch {
 	case op.Op != "hold":
@@ -136,7 +136,7 @@ func ParseRecord(cmd *redis.Cmd) (Record, error) {
 	} else {
 		r.Until = integer(vals[4])
 	}
-	if rate, burst, ok := strings.Cut(vals[5], " "); ok {
+	if rate, burst, ok := strings.Cut(vals[5], " "); ok && !strings.HasPrefix(rate, "d") { // a daily Limit's is no rate
 		r.Seen = limit(rate, burst)
 	}
 	r.Source = vals[6]

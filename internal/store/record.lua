@@ -27,7 +27,8 @@
 --             change.
 -- ARGV[5]     read: the Limiter's id.
 -- ARGV[6]     read: the first layer's rate, as the Limiter's callers pass
---             it; limit: the override's rate.
+--             it, or a daily Limit's name (daily.lua); limit: the
+--             override's rate.
 -- ARGV[7]     read: the first layer's burst, likewise; limit: the
 --             override's burst.
 -- ARGV[8]     read: the further layers' key suffixes, separated by spaces.
