@@ -14,7 +14,8 @@ import (
 // promised to callers still sleeping, so that their grants and the shared
 // bucket's do not overlap. Every worker does so at the instant the fleet
 // agreed on (see Resume), so that no worker draws on the shared bucket
-// while another still spends its local share.
+// while another still spends its local share. Then each shared daily
+// layer takes what this worker's share of its day granted (SettleDays).
 //
 // Each layer takes one call, under its bucket's control record. failed is
 // told of each call that fails, and reports whether the failure ends the
@@ -33,7 +34,7 @@ func (ls *Shares) Settle(s *store.Store, workers int, failed func(error) (stop b
 			return err
 		}
 	}
-	return nil
+	return ls.SettleDays(s, failed)
 }
 
 // Hold has the buckets the local shares served grant nothing before at

@@ -50,6 +50,7 @@ type Shares struct {
 	mu    sync.Mutex
 	m     map[string]*localLimiter // by the layer's Redis key
 	sweep int                      // sweep m when it grows past this
+	days  map[string]*day          // the daily layers', by key, kept across outages
 }
 
 // queue is the end of a bucket's queue as a Limiter last saw it.
@@ -183,23 +184,33 @@ func (ls *Shares) get(name, first, key string, lim Limit, workers int) (*rate.Li
 // A Reservation is what one request reserved of its bucket's local
 // shares, a layer each.
 type Reservation struct {
+	ls    *Shares
 	rs    []*rate.Reservation
+	days  []dayTake
 	at    time.Time
 	Delay time.Duration // until the last of them falls due
 }
 
 // Reserve reserves n of bucket b, rounded up to whole tokens, from this
 // process's local share of each of its layers, at the layer's Limit
-// divided by workers; a layer asked nothing is left alone, and so is a
-// daily layer, a count of the day that the shares know nothing of. It
-// reserves nothing and fails with ErrFull, or when a layer's share of the
-// burst is less than asked.
+// divided by workers, or of its day's count (see day); a layer asked
+// nothing is left alone. It reserves nothing and fails with ErrFull, or
+// when a layer's share of the burst is less than asked.
 func (ls *Shares) Reserve(b store.Bucket, n store.Cost, workers int) (*Reservation, error) {
-	r := &Reservation{at: time.Now()}
+	r := &Reservation{ls: ls, at: time.Now()}
 	for i, lim := range b.Lims {
 		tokens := int(math.Ceil(n.Of(i)))
-		if tokens == 0 || lim.Zone != nil {
-			continue // a meter asked nothing, or a daily count
+		if tokens == 0 {
+			continue // a meter asked nothing
+		}
+		if lim.Zone != nil {
+			t, delay, err := ls.reserveDay(b.Name, b.Keys[0], b.Keys[i], lim, float64(tokens), workers, r.at)
+			if err != nil {
+				r.Undo()
+				return nil, err
+			}
+			r.days, r.Delay = append(r.days, t), max(r.Delay, delay)
+			continue
 		}
 		rl, err := ls.get(b.Name, b.Keys[0], b.Keys[i], lim, workers)
 		if err != nil {
@@ -223,6 +234,9 @@ func (r *Reservation) Undo() {
 	for _, rr := range r.rs {
 		rr.CancelAt(r.at)
 	}
+	for _, t := range r.days {
+		r.ls.undo(t)
+	}
 }
 
 // Cancel hands back what the reservation holds that is not yet due: its
@@ -230,6 +244,9 @@ func (r *Reservation) Undo() {
 func (r *Reservation) Cancel() {
 	for _, rr := range r.rs {
 		rr.Cancel()
+	}
+	for _, t := range r.days {
+		r.ls.undo(t)
 	}
 }
 
