@@ -2,8 +2,10 @@ package quota
 
 import (
 	"context"
+	"errors"
 	"math"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -14,27 +16,12 @@ import (
 	"github.com/sharedquota/quota/internal/redistest"
 )
 
-// sentAt is a base RoundTripper that records when each request it sends
-// went, then sends it with next.
-type sentAt struct {
-	next http.RoundTripper
-	mu   sync.Mutex
-	at   []time.Time
-}
-
-func (s *sentAt) RoundTrip(req *http.Request) (*http.Response, error) {
-	s.mu.Lock()
-	s.at = append(s.at, time.Now())
-	s.mu.Unlock()
-	return s.next.RoundTrip(req)
-}
-
-// in counts the requests sent in [from, to).
-func (s *sentAt) in(from, to time.Time) int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+// sentIn counts the requests c saw in [from, to).
+func sentIn(c *attemptCounter, from, to time.Time) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	n := 0
-	for _, at := range s.at {
+	for _, at := range c.times {
 		if !at.Before(from) && at.Before(to) {
 			n++
 		}
@@ -68,8 +55,8 @@ func runPoolTenants(t *testing.T, tenants bool) (share float64, sent, refused in
 		rdb.AddHook(cmds)
 		return rdb
 	}
-	run := func(tenant string, goroutines int) (*sentAt, *sync.WaitGroup) {
-		s := &sentAt{next: base}
+	run := func(tenant string, goroutines int) (*attemptCounter, *sync.WaitGroup) {
+		s := &attemptCounter{next: base}
 		opts := []TransportOption{WithPool(poolRoute, lims), WithBase(s)}
 		if tenants {
 			opts = append(opts, WithTenants(Tenants{Weights: map[string]float64{"heavy": 1, "light": 2}}),
@@ -82,11 +69,11 @@ func runPoolTenants(t *testing.T, tenants bool) (share float64, sent, refused in
 	hwg.Wait()
 	lwg.Wait()
 	from, to := start.Add(2*time.Second), start.Add(6*time.Second)
-	h, l := heavy.in(from, to), light.in(from, to)
+	h, l := sentIn(heavy, from, to), sentIn(light, from, to)
 	if h+l > 0 {
 		share = float64(h) / float64(h+l)
 	}
-	all := len(heavy.at) + len(light.at)
+	all := heavy.count() + light.count()
 	return share, h + l, provider.count(0, time.Hour, http.StatusTooManyRequests), float64(cmds.byOp()["pool"]) / float64(all)
 }
 
@@ -196,5 +183,38 @@ func TestPoolSlots(t *testing.T) {
 	t.Logf("the control, no slots: at most %d in flight", most)
 	if most <= 4 {
 		t.Errorf("%d requests in flight with no slots, want more than 4: the control tells nothing", most)
+	}
+}
+
+// A further layer under a pool is each deployment's own: a daily layer of
+// 2 over deployments a and b grants 2 a day on each, and a request that
+// finds both days spent is refused WithNoWait, reaching no deployment.
+// Priced in tokens of 1, each deployment's Limit never binds.
+func TestPoolDailyLayer(t *testing.T) {
+	srv := redistest.Start(t)
+	provider := newPoolProvider(t)
+	reset := time.Duration((time.Now().UTC().Hour()+12)%24) * time.Hour // half a day away
+	tr := NewTransport(srv.Client(t), PerSecond(100), WithKey(Fixed("llm")), WithNoWait(),
+		WithLayers(Daily(2, reset, time.UTC)),
+		WithPool(poolRoute, map[string][]Limit{"a": {PerSecond(100)}, "b": {PerSecond(100)}}))
+	client := &http.Client{Transport: tr}
+	var errs []error
+	for range 5 {
+		resp, err := client.Post(provider.srv.URL, "application/json", strings.NewReader("{}"))
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		resp.Body.Close()
+	}
+	a, b := provider.count(0, time.Hour, 0, "a"), provider.count(0, time.Hour, 0, "b")
+	if a != 2 || b != 2 || len(errs) != 1 || !errors.Is(errs[0], ErrWouldWait) {
+		t.Errorf("5 requests on days of 2: a received %d, b %d, errors %v; want 2, 2 and the 5th refused with ErrWouldWait", a, b, errs)
+	}
+	for _, d := range []string{"a", "b"} {
+		st, err := tr.Limiter().Status(t.Context(), "llm}{"+d)
+		if err != nil || len(st.Layers) != 2 || st.Layers[1].Daily == nil || st.Layers[1].Daily.Used != 2 {
+			t.Errorf("deployment %s's status: %v, %+v; want its day's layer, 2 used", d, err, st.Layers)
+		}
 	}
 }
