@@ -408,8 +408,15 @@ func TestRestartReachesWaitingLimiters(t *testing.T) {
 			t.Errorf("the waiting caller got its slot %v after the restart, the others served %d times meanwhile; want within 1.5s",
 				waited.Round(time.Millisecond), served.Load())
 		}
-		if peak.Load() > 1 {
-			t.Errorf("%d callers held the bucket's one slot at once", peak.Load())
+		// A waiter that saw Redis down (its subscription broke in the
+		// 300 ms) holds its local share, at least one slot, which Redis's
+		// slots do not count until its resume: FallbackLocal's bound.
+		most := int32(1)
+		if r.slot.h.Mode() != ModeShared.String() {
+			most = 2
+		}
+		if peak.Load() > most {
+			t.Errorf("%d callers held the bucket's one slot at once, want at most %d", peak.Load(), most)
 		}
 	case <-time.After(8 * time.Second):
 		stop()
