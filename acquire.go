@@ -85,18 +85,17 @@ func (l *Limiter) acquire(ctx context.Context, name string, o ask) (_ *Slot, err
 	if err != nil {
 		return nil, err
 	}
-	// A pool's turns read its deployments' records, and ask its tokens
-	// once its slot, the pool's, is held; a bucket's come with its slot.
-	var tokens *ask
-	if o.pool == nil {
-		if b, err = l.controlled(ctx, &span, b); err != nil {
-			return nil, err
+	switch { // a pool's turns read its deployments' records
+	case o.pool == nil:
+		if b, err = l.controlled(ctx, &span, b); err == nil {
+			span.Limit(b.Lims[0].Rate, b.Lims[0].Burst)
+			err = b.checkCost(o.cost())
 		}
-		span.Limit(b.Lims[0].Rate, b.Lims[0].Burst)
-		if err := b.checkCost(o.cost()); err != nil {
-			return nil, err
-		}
-		tokens = &o
+	case o.slots > 0: // the slot's call takes from them
+		_, o.pool.Cands, err = l.deployments(ctx, &span, b, o)
+	}
+	if err != nil {
+		return nil, err
 	}
 	if o.slots == 0 {
 		return nil, l.waitTokens(ctx, &span, b, o, nil)
@@ -109,7 +108,7 @@ func (l *Limiter) acquire(ctx context.Context, name string, o ask) (_ *Slot, err
 	if err := l.awaitPause(ctx, &span, b, &o); err != nil {
 		return nil, err
 	}
-	slot, first, err := l.acquireSlot(ctx, &span, b, o.slots, o.noWait || span.DryRun, tokens)
+	slot, first, err := l.acquireSlot(ctx, &span, b, o.slots, o.noWait || span.DryRun, &o)
 	switch {
 	case err == slots.ErrNone && span.DryRun:
 		slot = nil // measured: it would have waited for a slot
@@ -136,8 +135,7 @@ func (l *Limiter) acquire(ctx context.Context, name string, o ask) (_ *Slot, err
 // its take is held (see WithTenants).
 func (l *Limiter) waitTokens(ctx context.Context, span *obs.Span, b bucket, o ask, first *store.Grant) (err error) {
 	var deps []bucket // a pool's deployments, under their records (see WithPool)
-	var cs []store.Candidate
-	whole := b // a pool's name and layers
+	whole := b        // a pool's name and layers
 	defer func() {
 		o.line.Leave(time.Time{})
 		if err == nil && b.ctl != nil {
@@ -145,9 +143,18 @@ func (l *Limiter) waitTokens(ctx context.Context, span *obs.Span, b bucket, o as
 		}
 	}()
 	for {
+		if o.pool != nil {
+			if deps, o.pool.Cands, err = l.deployments(ctx, span, whole, o); err != nil {
+				return err
+			}
+			b = deps[0] // whose key names its tenant's line
+		}
 		if first != nil {
 			g := *first
 			first = nil
+			if o.pool != nil {
+				b = deps[o.pool.Chosen] // the slot's call took from it
+			}
 			if g.Outcome == store.Held && o.since == 0 {
 				o.since = g.Now // held in its slot's hand-off: its age too
 			}
@@ -157,12 +164,7 @@ func (l *Limiter) waitTokens(ctx context.Context, span *obs.Span, b bucket, o as
 			}
 			continue
 		}
-		if o.pool != nil {
-			if deps, cs, err = l.deployments(ctx, span, whole, o); err != nil {
-				return err
-			}
-			b = deps[0]
-		} else if b.ctl != nil {
+		if o.pool == nil && b.ctl != nil {
 			b = b.under(b.ctl)
 			span.Limit(b.Lims[0].Rate, b.Lims[0].Burst)
 		}
@@ -176,7 +178,7 @@ func (l *Limiter) waitTokens(ctx context.Context, span *obs.Span, b bucket, o as
 			o.line.Leave(time.Time{}) // the policy serves it: no turn to keep
 			span.Mode = mode.String()
 			if o.pool != nil {
-				o.pool.Chosen = l.locals.Soonest(cs, o.cost(), l.workers.Divisor(l.cfg.policy.workers))
+				o.pool.Chosen = l.locals.Soonest(o.pool.Cands, o.cost(), l.workers.Divisor(l.cfg.policy.workers))
 				b = deps[o.pool.Chosen]
 			}
 			l.degraded(b)
@@ -198,7 +200,7 @@ func (l *Limiter) waitTokens(ctx context.Context, span *obs.Span, b bucket, o as
 		maxWait, deadline := l.maxWait(ctx, o.noWait)
 		var g store.Grant
 		if o.pool != nil {
-			g, o.pool.Chosen, err = l.store.TakePool(ctx, cs, o.cost(), maxWait)
+			g, o.pool.Chosen, err = l.store.TakePool(ctx, o.pool.Cands, o.cost(), maxWait)
 			b = deps[o.pool.Chosen]
 		} else {
 			g, err = l.store.Take(ctx, b.Bucket, o.cost(), maxWait)

@@ -76,8 +76,9 @@ func checkSlots(n int) error {
 
 // acquireSlot waits for one of the n slots of bucket b, or with try takes
 // one only if one is free now, and records the wait on span. With tokens,
-// it asks for the tokens of the ask in the same call while Redis serves
-// the slot, and returns their grant; nil when the slot came without them.
+// it asks for the tokens of the ask (of its pool's deployments, with
+// tokens.pool) in the same call while Redis serves the slot, and returns
+// their grant; nil when the slot came without them.
 func (l *Limiter) acquireSlot(ctx context.Context, span *obs.Span, b bucket, n int, try bool, tokens *ask) (*Slot, *store.Grant, error) {
 	start := time.Now()
 	span.Slots = n
@@ -96,7 +97,7 @@ func (l *Limiter) acquireSlot(ctx context.Context, span *obs.Span, b bucket, n i
 		var take *slots.Take
 		if tokens != nil {
 			maxWait, deadline := l.maxWait(ctx, tokens.noWait)
-			keys, args := l.store.TakeCall(b.Bucket, tokens.cost(), maxWait)
+			keys, args := tokens.pool.Call(l.store, b.Bucket, tokens.cost(), maxWait)
 			take = &slots.Take{Keys: keys, Args: args, Deadline: deadline}
 		}
 		set, id, taken, err := l.slots.Acquire(ctx, b.Name, b.Keys[0], n, try, take)
@@ -106,7 +107,7 @@ func (l *Limiter) acquireSlot(ctx context.Context, span *obs.Span, b bucket, n i
 			if taken == nil {
 				return slot, nil, nil
 			}
-			g, err := store.Decode(b.Bucket, taken)
+			g, err := tokens.pool.Decode(b.Bucket, taken)
 			if err != nil {
 				return slot, nil, nil // its tokens are taken again
 			}

@@ -96,7 +96,6 @@ func newLimiter(rdb redis.Scripter, cfg config) *Limiter {
 		Lease:   cfg.slotLease,
 		Rejoin:  resumeDelay,
 		Logger:  cfg.logger,
-		Bucket:  store.TakeSource(),
 		Obs:     o,
 	})
 	l.controls = control.New(l.store, l.events)

@@ -137,7 +137,7 @@ func (t *Transport) meterAsk(req *http.Request, o ask) (ask, *http.Request, erro
 	if err != nil {
 		return o, nil, err
 	}
-	mo.slots, mo.noWait = o.slots, o.noWait
+	mo.slots, mo.noWait, mo.pool = o.slots, o.noWait, o.pool
 	return mo, sent, nil
 }
 

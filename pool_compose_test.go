@@ -162,8 +162,9 @@ func runPoolSlots(t *testing.T, slots int) (most int, served map[string]int, ref
 
 // WithConcurrency under a pool bounds the requests in flight to any of
 // its deployments: 4 slots, 24 goroutines over three Transports, never
-// more than 4 in flight, every deployment used, no 429, and the slots
-// kept busy. The negative control, no slots, has more in flight.
+// more than 4 in flight, every deployment used, no 429, the slots kept
+// busy, and a request's tokens taken in its slot's call. The negative
+// control, no slots, has more in flight.
 func TestPoolSlots(t *testing.T) {
 	redistest.Long(t)
 	t.Parallel()
@@ -175,6 +176,11 @@ func TestPoolSlots(t *testing.T) {
 	}
 	if served["a"] == 0 || served["b"] == 0 || served["c"] == 0 || refused > 0 {
 		t.Errorf("deployments served %v with %d 429s, want every one used and none refused", served, refused)
+	}
+	// Each request's slot call takes its tokens from the pool, and a
+	// hand-off takes a waiter's.
+	if calls := float64(ops["acquire"]+ops["pool"]) / float64(all); ops["pool"] > all/10 || calls > 1.5 {
+		t.Errorf("%d requests made script calls %v, want their pool takes made with their slots", all, ops)
 	}
 	// 4 slots of 50 ms requests: 160 in 2 s at most; half of it, for a
 	// loaded machine's slower calls and hand-offs.

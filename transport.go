@@ -95,7 +95,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if t.cfg.cost != nil {
 		cost = t.cfg.cost(req)
 	}
-	o := ask{n: cost, lims: lims, slots: t.cfg.concurrency, noWait: t.cfg.noWait, class: -1}
+	o := ask{n: cost, lims: lims, slots: t.cfg.concurrency, noWait: t.cfg.noWait, class: -1, pool: t.cfg.pool.Take()}
 	sent := req
 	if t.cfg.metering != nil {
 		if o, sent, err = t.meterAsk(req, o); err != nil {
@@ -108,9 +108,6 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	if t.cfg.tenant != nil {
 		o.tenant, o.tenantSet = t.cfg.tenant(req), true
-	}
-	if t.cfg.pool != nil {
-		o.pool = &pool.Take{Pool: t.cfg.pool}
 	}
 	slot, err := t.limiter.acquire(req.Context(), name, o)
 	if err != nil {

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/sharedquota/quota/internal/store"
 )
@@ -27,7 +28,36 @@ type Pool struct {
 type Take struct {
 	*Pool
 	Chosen int
-	Name   string // the pool's, once sent
+	Name   string            // the pool's, once sent
+	Cands  []store.Candidate // its deployments, as its last turn read them
+}
+
+// Take returns a new take from p, nil for a nil p.
+func (p *Pool) Take() *Take {
+	if p == nil {
+		return nil
+	}
+	return &Take{Pool: p}
+}
+
+// Call returns the KEYS and ARGV of a take of n with a longest wait of
+// maxWait, for a script that runs one inside its own (internal/slots): of
+// bucket b's own take, or, on a pool's Take, of its pool's from Cands.
+func (t *Take) Call(s *store.Store, b store.Bucket, n store.Cost, maxWait time.Duration) ([]string, []any) {
+	if t == nil {
+		return s.TakeCall(b, n, maxWait)
+	}
+	return s.PoolCall(t.Cands, n, maxWait)
+}
+
+// Decode reads the reply v of the take of a Call: b's, or, on a pool's
+// Take, the pool's, noting the deployment it chose.
+func (t *Take) Decode(b store.Bucket, v []int64) (g store.Grant, err error) {
+	if t == nil {
+		return store.Decode(b, v)
+	}
+	g, t.Chosen, err = store.DecodePool(t.Cands, v)
+	return g, err
 }
 
 // MaxName bounds a deployment's name.

@@ -1,14 +1,21 @@
 -- take runs the take t (its KEYS and ARGV, and the deadline it counts
--- down to, if any) and returns its grant, "" when the take failed: the
--- holder then takes its tokens itself. The take's ARGV[2] is its clock,
--- ARGV[5] its longest wait (script.lua).
+-- down to, if any), a bucket's or a pool's, and returns its grant, ""
+-- when the take failed: the holder then takes its tokens itself. The
+-- take's ARGV[2] is its clock, ARGV[5] a bucket's longest wait
+-- (script.lua); a pool's is given to pooled (pool.lua).
 local function take(t)
-  local argv = t.argv
+  local argv, longest = t.argv, nil
   argv[2] = ARGV[5] -- the clock of this call
   if t.deadline then
-    argv[5] = string.format('%d', math.max(tonumber(t.deadline) - now, 0))
+    longest = string.format('%d', math.max(tonumber(t.deadline) - now, 0))
   end
-  local ok, r = pcall(bucket, t.keys, argv)
+  local ok, r
+  if argv[1] == 'pool' then
+    ok, r = pcall(pooled, t.keys, argv, longest)
+  else
+    argv[5] = longest or argv[5]
+    ok, r = pcall(bucket, t.keys, argv)
+  end
   if not ok or type(r) == 'table' and r.err then
     return ''
   end

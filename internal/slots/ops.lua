@@ -14,7 +14,7 @@ if op == 'acquire' or op == 'try' then
     t = {keys = keys, argv = argv}
     if ARGV[x + 1] == '1' then
       -- A string: JSON would keep 14 digits of a number.
-      t.deadline = string.format('%d', now + tonumber(argv[5]))
+      t.deadline = string.format('%d', now + tonumber(argv[own(argv) + 5]))
     end
   end
   -- After dispatch, a free slot means that nobody waits for it.

@@ -1,8 +1,19 @@
+-- own returns where a take's own ARGV (script.lua's) begin in argv, less
+-- one: 0, or for a pool's take past its candidates', the first
+-- candidate's, whose class and longest wait are every candidate's.
+local function own(argv)
+  if argv[1] == 'pool' then
+    return 3 + (tonumber(argv[3]) or 0)
+  end
+  return 0
+end
+
 -- classOf returns the priority class of the take t (nil: 0): its first
 -- caller's, ARGV[6], in the forms that name one (see script.lua).
 local function classOf(t)
-  if t and t.argv and (t.argv[3] == 'class' or t.argv[3] == 'tenant') then
-    return tonumber(t.argv[6]) or 0
+  local o = t and t.argv and own(t.argv)
+  if o and (t.argv[o + 3] == 'class' or t.argv[o + 3] == 'tenant') then
+    return tonumber(t.argv[o + 6]) or 0
   end
   return 0
 end

@@ -29,6 +29,7 @@ import (
 	"github.com/sharedquota/quota/internal/obs"
 	"github.com/sharedquota/quota/internal/pending"
 	"github.com/sharedquota/quota/internal/redisx"
+	"github.com/sharedquota/quota/internal/store"
 )
 
 // The slot script, in parts of one concern each, joined in this order
@@ -120,10 +121,6 @@ type Options struct {
 	Lease   time.Duration    // of each slot and each waiter
 	Logger  *slog.Logger     // for the slots Redis lost; nil: none
 	Obs     *obs.Obs         // reports the slots held and what becomes of them
-	// Bucket is the source of the take's script (internal/store's
-	// TakeSource: the take's parts alone), which the slot operations run
-	// to take a caller's tokens with its slot.
-	Bucket string
 	// Rejoin is how long after the Limiter listens again its waiters
 	// renew (see Missed): long enough for every Limiter to have found
 	// Redis again and held in it the slots its policy granted.
@@ -131,7 +128,8 @@ type Options struct {
 }
 
 // A Take is a caller's tokens, asked for with its slot: the KEYS and ARGV
-// of the take's script (internal/store's TakeCall). With Deadline set, the
+// of the take's script (internal/store's TakeCall), or of a pool's take
+// (PoolCall), which chooses its deployment then. With Deadline set, the
 // take's longest wait is the caller's deadline: a hand-off counts it down.
 type Take struct {
 	Keys     []string
@@ -210,7 +208,7 @@ func New(rdb redis.Scripter, events *redisx.Listener, o Options) *Slots {
 	var id [6]byte
 	_, _ = rand.Read(id[:]) // never fails
 	return &Slots{
-		script:   redisx.NewScript(rdb, Source(o.Bucket)),
+		script:   redisx.NewScript(rdb, Source(store.TakeSource())), // to take a caller's tokens with its slot
 		rdb:      rdb,
 		events:   events,
 		channel:  o.Channel,
@@ -225,12 +223,13 @@ func New(rdb redis.Scripter, events *redisx.Listener, o Options) *Slots {
 }
 
 // Source returns the slot script's source around the take's source
-// bucket, which it runs as the function bucket(KEYS, ARGV).
+// bucket, which it runs as the function bucket(KEYS, ARGV), and the pool's
+// take (internal/store's PoolSource), which runs bucket.
 func Source(bucket string) string {
 	if bucket == "" {
 		bucket = "return redis.error_reply('quota: no take script')"
 	}
-	return "local function bucket(KEYS, ARGV)\n" + bucket + "\nend\n" + slotsSource
+	return "local function bucket(KEYS, ARGV)\n" + bucket + "\nend\n" + store.PoolSource() + slotsSource
 }
 
 // run runs op of slots.lua on set's keys with ids, and with take for an

@@ -10,7 +10,9 @@
 -- the take's script (internal/store's script.lua, with the parts it is
 -- made of and nothing else), which the slots package puts before this
 -- source as the function bucket(KEYS, ARGV), to take the tokens when the
--- slot is granted. A caller that queues leaves its take with its id,
+-- slot is granted; a pool's take (ARGV "pool", pool.lua) runs as the
+-- function pooled(KEYS, ARGV, longest) that follows it, which chooses the
+-- deployment then. A caller that queues leaves its take with its id,
 -- and the release that hands it the slot takes its tokens then, so that
 -- its grant is as fresh as the slot's and costs it no call of its own.
 --

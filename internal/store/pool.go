@@ -24,8 +24,25 @@ type Candidate struct {
 // returns the grant and the index of the candidate it came from, or that
 // refused it. Pool takes do not share calls.
 func (s *Store) TakePool(ctx context.Context, cs []Candidate, n Cost, maxWait time.Duration) (Grant, int, error) {
-	var keys []string
-	args := []any{"pool", s.Now(), len(cs)}
+	keys, args := s.PoolCall(cs, n, maxWait)
+	cmd, trips := s.poolScript.Run(ctx, keys, args...)
+	if err := cmd.Err(); err != nil {
+		return Grant{Trips: trips, Size: 1}, 0, err
+	}
+	v, err := cmd.Int64Slice()
+	if err != nil {
+		return Grant{Trips: trips, Size: 1}, 0, fmt.Errorf("%w: %v", redisx.ErrReply, cmd.Val())
+	}
+	g, i, err := DecodePool(cs, v)
+	g.Trips, g.Size = trips, 1
+	return g, i, err
+}
+
+// PoolCall returns the KEYS and ARGV of a pool's take of n from the
+// candidates (pool.lua), for a script that runs one inside its own
+// (internal/slots).
+func (s *Store) PoolCall(cs []Candidate, n Cost, maxWait time.Duration) (keys []string, args []any) {
+	args = []any{"pool", s.Now(), len(cs)}
 	var takes []any
 	for _, c := range cs {
 		a := s.takeArgs(c.Bucket, caller{n, maxWait})
@@ -37,16 +54,16 @@ func (s *Store) TakePool(ctx context.Context, cs []Candidate, n Cost, maxWait ti
 		args = append(args, strconv.Itoa(len(c.Call))+" "+strconv.Itoa(len(a))+" "+strconv.Itoa(tier))
 		takes = append(takes, a...)
 	}
-	cmd, trips := s.poolScript.Run(ctx, keys, append(args, takes...)...)
-	if err := cmd.Err(); err != nil {
-		return Grant{Trips: trips, Size: 1}, 0, err
-	}
-	v, err := cmd.Int64Slice()
-	if err != nil || len(v) < 2 || v[0] < 1 || int(v[0]) > len(cs) {
-		return Grant{Trips: trips, Size: 1}, 0, fmt.Errorf("%w: %v", redisx.ErrReply, cmd.Val())
+	return keys, append(args, takes...)
+}
+
+// DecodePool reads a pool's take's reply, v: the grant, and the index of
+// the candidate of cs it came from or that refused it.
+func DecodePool(cs []Candidate, v []int64) (Grant, int, error) {
+	if len(v) < 2 || v[0] < 1 || int(v[0]) > len(cs) {
+		return Grant{}, 0, fmt.Errorf("%w: %v", redisx.ErrReply, v)
 	}
 	i := int(v[0]) - 1
 	g, err := Decode(cs[i].Bucket, v[1:])
-	g.Trips, g.Size = trips, 1
 	return g, i, err
 }

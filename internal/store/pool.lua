@@ -16,6 +16,9 @@
 --             deployment of the first tier, 1 for a last resort.
 -- ARGV[4+m...] each candidate's take ARGV (script.lua's) for its one
 --             caller, in order.
+-- It runs as the function pooled(KEYS, ARGV, longest) (see scripts.go):
+-- longest, when not nil, is every candidate's longest wait, in place of
+-- the one in its ARGV (a slot's hand-off counts down the caller's).
 --
 -- The choice: the first tier before the last resorts; within a tier,
 -- the candidate with the most room relative to its limits first (the
@@ -59,7 +62,7 @@ for c = 1, m do
       room = math.min(room, 1 - (tat - now) / (burst / rate * 1000000))
     end
   end
-  cands[c] = {c = c, keys = keys, argv = argv, tier = tonumber(tier), room = room, wait = argv[5]}
+  cands[c] = {c = c, keys = keys, argv = argv, tier = tonumber(tier), room = room, wait = longest or argv[5]}
 end
 if key ~= #KEYS or arg ~= #ARGV then
   return redis.error_reply('quota: a pool of ' .. #KEYS .. ' KEYS and ' .. #ARGV .. ' ARGV')

@@ -24,8 +24,10 @@ var (
 	takeSource   = join(takeParts)
 	updateSource = join(updateParts)
 	recordSource = join(recordParts)
-	// The pool's take (pool.lua) runs the take as a function of its own.
-	poolSource = "local function bucket(KEYS, ARGV)\n" + takeSource + "\nend\n" + join([]string{"pool.lua"})
+	// The pool's take (pool.lua) runs the take as a function of its own,
+	// bucket, and is one itself, pooled, as it runs in internal/slots.
+	poolFunc   = "local function pooled(KEYS, ARGV, longest)\n" + join([]string{"pool.lua"}) + "\nend\n"
+	poolSource = "local function bucket(KEYS, ARGV)\n" + takeSource + "\nend\n" + poolFunc + "return pooled(KEYS, ARGV)\n"
 )
 
 // join returns the parts' sources, joined in order.
@@ -46,3 +48,10 @@ func join(parts []string) string {
 // its parts and nothing else. It reads KEYS and ARGV, and returns its
 // reply.
 func TakeSource() string { return takeSource }
+
+// PoolSource returns the function pooled(KEYS, ARGV, longest), the pool's
+// take (pool.lua), for a script that defines bucket(KEYS, ARGV) as
+// TakeSource's and runs a pool's take inside its own (internal/slots):
+// longest, when not nil, is the longest wait (µs, a string) of every
+// candidate's take, in place of theirs.
+func PoolSource() string { return poolFunc }
