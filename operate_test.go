@@ -66,8 +66,11 @@ func TestSetLimitReachesEveryLimiter(t *testing.T) {
 	if slow > bound(low, time.Second)+2 || slow < 15 {
 		t.Errorf("%d grants in the second before ClearLimit, want %d at most and about 20", slow, bound(low, time.Second))
 	}
-	if secs := stop.Sub(cleared.Add(time.Second)).Seconds(); float64(fast) < 0.8*old.Rate*secs {
-		t.Errorf("%d grants in %.1fs after ClearLimit restored %v, want about %.0f", fast, secs, old, old.Rate*secs)
+	// Twice the override's rate at least: the 10 callers' wake-ups, not
+	// the bucket, bound the count on a loaded machine (53 of 99 in a CI
+	// run beside the other tests; alone, 98 and 99).
+	if secs := stop.Sub(cleared.Add(time.Second)).Seconds(); float64(fast) < 2*low.Rate*secs {
+		t.Errorf("%d grants in %.1fs after ClearLimit restored %v, want about %.0f and at least twice the override's %.0f", fast, secs, old, old.Rate*secs, low.Rate*secs)
 	}
 	// The swarm's bound across both changes: never the larger limit's.
 	if n := maxInWindow(granted, time.Second); n > bound(old, time.Second)+3 {
