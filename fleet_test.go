@@ -41,7 +41,11 @@ func TestMain(m *testing.M) {
 	if os.Getenv(workerEnv) != "" {
 		os.Exit(runWorker())
 	}
-	os.Exit(redistest.Main(m))
+	code := redistest.Main(m)
+	if quotactl.dir != "" {
+		os.RemoveAll(quotactl.dir)
+	}
+	os.Exit(code)
 }
 
 type quietLogger struct{}

@@ -286,16 +286,32 @@ func scriptOp(cmd redis.Cmder) string {
 	return fmt.Sprint(args[3+keys])
 }
 
-// quotaBinary builds the command cmd/quotactl into a temporary directory of
-// t and returns its path.
+// quotaBinary returns the path of the command cmd/quotactl, built on the
+// first call: the tests that run it side by side link it once.
 func quotaBinary(t *testing.T) string {
 	t.Helper()
-	bin := filepath.Join(t.TempDir(), "quotactl")
-	build := exec.Command("go", "build", "-o", bin, "./cmd/quotactl")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build ./cmd/quotactl: %v\n%s", err, out)
+	quotactl.once.Do(func() {
+		if quotactl.dir, quotactl.err = os.MkdirTemp("", "quotactl"); quotactl.err != nil {
+			return
+		}
+		bin := filepath.Join(quotactl.dir, "quotactl")
+		out, err := exec.Command("go", "build", "-o", bin, "./cmd/quotactl").CombinedOutput()
+		if quotactl.bin, quotactl.err = bin, err; err != nil {
+			quotactl.err = fmt.Errorf("go build ./cmd/quotactl: %v\n%s", err, out)
+		}
+	})
+	if quotactl.err != nil {
+		t.Fatal(quotactl.err)
 	}
-	return bin
+	return quotactl.bin
+}
+
+// quotactl is the binary quotaBinary builds once for the tests that run
+// it side by side, in a directory TestMain removes.
+var quotactl struct {
+	once     sync.Once
+	dir, bin string
+	err      error
 }
 
 // quotaCmd runs the quotactl binary with REDIS_URL set to redisURL and
