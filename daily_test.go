@@ -127,7 +127,7 @@ func TestDailyLayerConcurrent(t *testing.T) {
 		wg.Wait()
 		return granted.Load()
 	}
-	if n := run("daily", Daily(100, 0, time.UTC)); n != 100 {
+	if n := run("daily", Daily(100, awayFromReset(time.Now()), time.UTC)); n != 100 {
 		t.Errorf("a day of 100, 64 goroutines asking 25 times each: %d granted", n)
 	}
 	n := run("rate")
@@ -248,7 +248,7 @@ func TestDailyOperatorPause(t *testing.T) {
 	clock := newStoppedClock()
 	l := NewLimiter(rdb, WithClock(clock.Now))
 	ctx := context.Background()
-	day := Daily(1e6, 0, time.UTC)
+	day := Daily(1e6, awayFromReset(clock.Now()), time.UTC) // the 10 minutes it moves cross no reset
 	for _, tc := range []struct {
 		name   string
 		layers []Limit
@@ -291,7 +291,7 @@ func TestDailyTenants(t *testing.T) {
 		tctx := ContextWithTenant(ctx, []string{"a", "b"}[i%2])
 		wg.Go(func() {
 			for range 10 {
-				if err := l.WaitN(tctx, "api", 1, Limit{Rate: 20, Burst: 1}, Daily(100, 0, time.UTC)); err != nil {
+				if err := l.WaitN(tctx, "api", 1, Limit{Rate: 20, Burst: 1}, Daily(100, awayFromReset(start), time.UTC)); err != nil {
 					t.Error(err)
 					return
 				}
@@ -302,4 +302,12 @@ func TestDailyTenants(t *testing.T) {
 	if d := time.Since(start); d > 4*time.Second {
 		t.Errorf("40 takes at 20/s took %v, want about 2s", d)
 	}
+}
+
+// awayFromReset returns a time of day, on the hour in UTC, half a day from
+// now: a daily Limit that resets then counts one day through a test that
+// runs at now, whatever the time of day (one that reset at midnight failed
+// in the ten minutes before it).
+func awayFromReset(now time.Time) time.Duration {
+	return time.Duration((now.UTC().Hour()+12)%24) * time.Hour
 }
