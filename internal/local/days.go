@@ -120,30 +120,38 @@ func (ls *Shares) undo(t dayTake) {
 }
 
 // SettleDays takes from each shared daily layer what this process's share
-// granted of today and has not handed over yet. Each layer takes one
-// call; failed is told of each that fails, as Settle's is.
+// granted of today and has not handed over yet; what a failed call did
+// not hand over, the next resume does. Each layer takes one call; failed
+// is told of each that fails, as Settle's is.
 func (ls *Shares) SettleDays(s *store.Store, failed func(error) (stop bool)) error {
 	type hand struct {
-		key string
-		d   day
-		n   float64
+		key  string
+		d    *day
+		b    store.Bucket
+		ends time.Time
+		n    float64
 	}
 	var hands []hand
 	now := time.Now()
 	ls.mu.Lock()
 	for key, d := range ls.days {
 		if now.Before(d.ends) && d.today > d.handed {
-			hands = append(hands, hand{key, *d, d.today - d.handed})
-			d.handed = d.today
+			b := store.Bucket{Name: d.name, Keys: []string{key}, Lims: []store.Limit{d.lim}, Call: []string{key, d.first + store.ControlSuffix}}
+			hands = append(hands, hand{key, d, b, d.ends, d.today - d.handed})
 		}
 	}
 	ls.mu.Unlock()
 	for _, h := range hands {
-		b := store.Bucket{Name: h.d.name, Keys: []string{h.key}, Lims: []store.Limit{h.d.lim}, Call: []string{h.key, h.d.first + store.ControlSuffix}}
 		ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
-		err := s.Adjust(ctx, b, store.Tokens(h.n), "")
+		err := s.Adjust(ctx, h.b, store.Tokens(h.n), "")
 		cancel()
-		if err != nil && failed(err) {
+		if err == nil {
+			ls.mu.Lock()
+			if h.d.ends.Equal(h.ends) { // still its day
+				h.d.handed += h.n
+			}
+			ls.mu.Unlock()
+		} else if failed(err) {
 			return err
 		}
 	}

@@ -94,4 +94,15 @@ func TestSettleDays(t *testing.T) {
 	if got := used(); got != 4 {
 		t.Errorf("after a take and a resume more, the shared day counted %v, want 4", got)
 	}
+	// A hand-over that fails hands nothing over: the next one does.
+	ls.Reserve(b, store.Tokens(1), 2)
+	down := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	down.Close()
+	if err := ls.SettleDays(store.NewStore(down, store.Options{}), func(error) bool { return true }); err == nil {
+		t.Fatal("a hand-over on a closed client did not fail")
+	}
+	ls.Settle(s, 2, fail)
+	if got := used(); got != 5 {
+		t.Errorf("after a failed hand-over and one more, the shared day counted %v, want 5", got)
+	}
 }
